@@ -1,0 +1,48 @@
+"""nnmem: how much memory a neural network needs for training and inference, and where it goes.
+
+Example:
+    >>> import nnmem
+    >>> report = nnmem.estimate("mlp", batch=32, optimizer="adam")  # doctest: +SKIP
+    >>> print(report.peak_bytes, report.breakdown)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from nnmem.api import estimate, measure
+from nnmem.errors import (
+    ConfigError,
+    MeasureError,
+    MissingFrameworkError,
+    ModelLoadError,
+    NnmemError,
+    TraceError,
+    UnsupportedError,
+)
+from nnmem.report.compare import Comparison, compare
+from nnmem.report.model import LayerRow, Report, TimelinePoint
+from nnmem.trace import Category, Level, Phase
+from nnmem.units import format_bytes, parse_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Category",
+    "Comparison",
+    "ConfigError",
+    "LayerRow",
+    "Level",
+    "MeasureError",
+    "MissingFrameworkError",
+    "ModelLoadError",
+    "NnmemError",
+    "Phase",
+    "Report",
+    "TimelinePoint",
+    "TraceError",
+    "UnsupportedError",
+    "compare",
+    "estimate",
+    "format_bytes",
+    "measure",
+    "parse_size",
+]

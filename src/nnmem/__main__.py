@@ -1,0 +1,5 @@
+"""python -m nnmem"""
+
+from nnmem.cli import main
+
+main()

@@ -1,0 +1,90 @@
+"""The PyTorch frontend's entry points: estimate (fake trace) and measure (real run in a child)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from nnmem.errors import ConfigError
+from nnmem.frontends.pytorch.step import fake_copy, optimizer_name, trace_fake_step
+from nnmem.loader import Built, build
+from nnmem.report.model import Report, report_from_trace
+
+__all__ = ["is_torch_model", "estimate_torch", "measure_torch", "build_torch", "shaped_inputs"]
+
+
+def is_torch_model(model: Any) -> bool:
+    return isinstance(model, torch.nn.Module)
+
+
+def _rules() -> Any:
+    try:
+        from nnmem.frontends.pytorch import workspace
+    except ImportError:  # the rules module is optional while it is being written
+        return None
+    return workspace.RULES
+
+
+def _as_tuple(inputs: Any) -> tuple[Any, ...]:
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs)
+    if isinstance(inputs, dict):
+        raise ConfigError("expected inputs as a tensor or a tuple of tensors; pass keyword inputs via a wrapper module")
+    raise ConfigError(f"expected inputs as a tensor or a tuple of tensors. Received: {type(inputs).__name__}")
+
+
+def shaped_inputs(batch: int, input_shape: tuple[tuple[int, ...], ...], dtype: torch.dtype = torch.float32,
+                  device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """Zero inputs of shape (batch, *shape) for each shape (no data is needed for memory)."""
+    return tuple(torch.zeros((batch, *shape), dtype=dtype, device=device) for shape in input_shape)
+
+
+def build_torch(factory: Callable[..., Any], batch: int, spec: str, *, meta: bool) -> tuple[Built, list[str]]:
+    """Call a factory, under the meta device when ``meta`` (nothing allocated), falling back to a real build."""
+    notes: list[str] = []
+    if meta:
+        try:
+            with torch.device("meta"):
+                return build(factory, batch, spec), notes
+        except Exception as err:  # a factory that cannot run on meta tensors is built for real
+            notes.append(f"the factory could not run under the meta device ({type(err).__name__}); "
+                         "it was built for real, which allocated its parameters")
+    return build(factory, batch, spec), notes
+
+
+def estimate_torch(model: torch.nn.Module, inputs: Any, *, mode: str, optimizer: Any, loss_fn: Any, target: Any,
+                   device: str, name: str, batch: int | None, notes: tuple[str, ...] = ()) -> Report:
+    """Estimate a PyTorch step under FakeTensorMode."""
+    meta = {"optimizer": optimizer_name(optimizer) if mode == "train" else "", "batch": batch or _batch_of(inputs),
+            "torch": torch.__version__}
+    trace = trace_fake_step(model, _as_tuple(inputs), mode=mode, optimizer=optimizer, loss_fn=loss_fn,
+                            target=target, rules=_rules(), meta=meta)
+    all_notes = list(notes)
+    if _rules() is None:
+        all_notes.append("kernel workspace rules are not available: the allocator level equals the tensor level")
+    return report_from_trace(trace, source="estimate", model=name, device=device, notes=tuple(all_notes))
+
+
+def measure_torch(built: Built, *, mode: str, optimizer: Any, device: str, name: str, batch: int | None) -> Report:
+    """Run the step for real (call in a child process)."""
+    from nnmem.measure.torch_run import measure_step
+
+    meta = {"optimizer": optimizer_name(optimizer) if mode == "train" else "",
+            "batch": batch or _batch_of(built.inputs), "torch": torch.__version__}
+    inputs = _as_tuple(built.inputs)
+    if any(isinstance(t, torch.Tensor) and t.is_meta for t in inputs):
+        inputs = fake_copy(inputs)
+    return measure_step(built.model, inputs, mode=mode, optimizer=optimizer, loss_fn=built.loss_fn,
+                        target=built.target, name=name, device=device, meta=meta)
+
+
+def _batch_of(inputs: Any) -> int | None:
+    first = inputs if isinstance(inputs, torch.Tensor) else (inputs[0] if isinstance(inputs, (tuple, list)) and inputs
+                                                             else None)
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else None
+
+

@@ -1,0 +1,244 @@
+"""The step nnmem estimates and measures, written once for fake and for real tensors.
+
+Train: ``opt.zero_grad(set_to_none=True); out = model(*inputs); loss = loss_fn(out, target);
+loss.backward(); opt.step()`` in steady state. Infer: ``model.eval()`` and ``torch.inference_mode()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from nnmem.errors import ConfigError, TraceError
+from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
+from nnmem.trace import Category, LayerInfo, Phase, Trace
+
+__all__ = [
+    "OPTIMIZER_NAMES", "default_loss", "fake_copy", "layer_infos", "make_optimizer", "optimizer_name",
+    "prepare_step", "run_step", "trace_fake_step", "trace_prepared",
+]
+
+_OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
+    "sgd": (torch.optim.SGD, {"lr": 1e-3}),
+    "momentum": (torch.optim.SGD, {"lr": 1e-3, "momentum": 0.9}),
+    "adam": (torch.optim.Adam, {"lr": 1e-3}),
+    "adamw": (torch.optim.AdamW, {"lr": 1e-3}),
+    "rmsprop": (torch.optim.RMSprop, {"lr": 1e-3}),
+    "adagrad": (torch.optim.Adagrad, {"lr": 1e-3}),
+}
+OPTIMIZER_NAMES = tuple(_OPTIMIZERS)
+
+
+def optimizer_name(optimizer: Any) -> str:
+    """A display name for an optimizer argument ("adam", or the class name)."""
+    return optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", str(optimizer))
+
+
+def make_optimizer(optimizer: Any, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """Build the optimizer a name or class stands for, with torch's defaults (lr 1e-3)."""
+    if isinstance(optimizer, str):
+        key = optimizer.lower()
+        if key not in _OPTIMIZERS:
+            raise ConfigError(
+                f"unknown optimizer {optimizer!r}: expected one of {', '.join(OPTIMIZER_NAMES)} "
+                "or a torch.optim.Optimizer subclass"
+            )
+        cls, kwargs = _OPTIMIZERS[key]
+        return cls(params, **kwargs)
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        try:
+            return optimizer(params, lr=1e-3)
+        except TypeError:
+            return optimizer(params)
+    raise ConfigError(
+        f"expected an optimizer name ({', '.join(OPTIMIZER_NAMES)}) or a torch.optim.Optimizer subclass. "
+        f"Received: {optimizer!r}"
+    )
+
+
+def default_loss(out: Any, target: Any = None) -> torch.Tensor:
+    """Mean of the output (of its first floating-point tensor when the output is a structure)."""
+    from torch.utils._pytree import tree_flatten
+
+    if isinstance(out, torch.Tensor):
+        return out.float().mean() if not out.is_floating_point() else out.mean()
+    for leaf in tree_flatten(out)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            return leaf.mean()
+    raise TraceError(f"the model returned no floating-point tensor to take a loss of: {type(out).__name__}")
+
+
+def layer_infos(model: torch.nn.Module) -> tuple[LayerInfo, ...]:
+    """Per-layer static facts: parameters a layer owns directly (tied weights counted once)."""
+    seen: set[int] = set()
+    infos = []
+    for path, module in model.named_modules():
+        count = nbytes = 0
+        shapes = []
+        for p in module.parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            count += p.numel()
+            nbytes += p.numel() * p.element_size()
+            shapes.append(tuple(p.shape))
+        if count or not any(True for _ in module.children()):
+            infos.append(LayerInfo(path, type(module).__name__, count, nbytes, 0, tuple(shapes)))
+    return tuple(infos)
+
+
+def _call(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Any:
+    try:
+        return model(*inputs)
+    except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as err:
+        shapes = ", ".join(
+            f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" if isinstance(t, torch.Tensor)
+            else type(t).__name__ for t in inputs
+        )
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise TraceError(f"the model rejected inputs [{shapes}]: {first}") from err
+
+
+def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt: torch.optim.Optimizer | None,
+             loss_fn: Callable[..., Any] | None, target: Any, tracker: StepTracker | None = None) -> None:
+    """Run one train or infer step exactly as the contract in DESIGN.md says."""
+    begin = tracker.begin if tracker is not None else (lambda phase: None)
+    if mode == "infer":
+        begin(Phase.FORWARD)
+        with torch.inference_mode():
+            out = _call(model, inputs)
+        del out
+        return
+    assert opt is not None
+    begin(Phase.FORWARD)
+    opt.zero_grad(set_to_none=True)
+    out = _call(model, inputs)
+    try:
+        loss = (loss_fn or default_loss)(out, target)
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        raise TraceError(f"the loss function failed on the model's output: {err}") from err
+    begin(Phase.BACKWARD)
+    loss.backward()
+    begin(Phase.OPTIMIZER)
+    opt.step()
+    del loss, out
+
+
+@contextmanager
+def _swapped(model: torch.nn.Module, replace: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """Temporarily replace every parameter and buffer (tied ones stay tied)."""
+    saved: list[tuple[dict[str, Any], str, Any]] = []
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, value in table.items():
+                if value is None:
+                    continue
+                if id(value) not in memo:
+                    new = replace(value)
+                    if isinstance(value, torch.nn.Parameter):
+                        new = torch.nn.Parameter(new, requires_grad=value.requires_grad)
+                    memo[id(value)] = new
+                saved.append((table, name, value))
+                table[name] = memo[id(value)]
+    try:
+        yield
+    finally:
+        for table, name, value in saved:
+            table[name] = value
+
+
+def fake_copy(value: Any) -> Any:
+    """An empty tensor like ``value`` on the CPU (fake when a FakeTensorMode is active)."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="cpu")
+    if isinstance(value, (tuple, list)):
+        return type(value)(fake_copy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: fake_copy(v) for k, v in value.items()}
+    return value
+
+
+def prepare_step(model: torch.nn.Module, mode: str, optimizer: Any) -> torch.optim.Optimizer | None:
+    """Put the model in train or eval mode and build the optimizer (None for inference)."""
+    model.train(mode == "train")
+    if mode != "train":
+        return None
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError("mode='train' needs trainable parameters, but every parameter has requires_grad=False")
+    return make_optimizer(optimizer, params)
+
+
+def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str,
+                   opt: torch.optim.Optimizer | None, loss_fn: Callable[..., Any] | None, target: Any,
+                   rules: OpRules | None = None, meta: dict[str, object] | None = None) -> Trace:
+    """Trace one step of a model whose optimizer is already in steady state."""
+    tracker = StepTracker(model, rules)
+    tracker.training = mode == "train"
+    _register_resident(tracker, model, inputs, target, opt)
+    with tracker, tracker.layer_hooks():
+        run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, tracker=tracker)
+    if opt is not None:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    tracker.set_category(p.grad, Category.GRADIENTS)
+        for state in opt.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    tracker.set_category(value, Category.OPTIMIZER_STATE)
+    return tracker.finish(mode, layer_infos(model), dict(meta or {}))
+
+
+def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
+                    loss_fn: Callable[..., Any] | None, target: Any,
+                    rules: OpRules | None = None, meta: dict[str, object] | None = None) -> Trace:
+    """Trace one step under FakeTensorMode: nothing model-sized is allocated.
+
+    Parameters, buffers, inputs and optimizer state are replaced by fake tensors for the trace (the
+    model's own tensors are put back afterwards). Steady state is reached by giving every trainable
+    parameter a gradient and stepping the optimizer once, which creates its state as a real previous
+    step would.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=False), _swapped(model, fake_copy):
+        inputs, target = fake_copy(tuple(inputs)), fake_copy(target)
+        opt = prepare_step(model, mode, optimizer)
+        if opt is not None:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p.grad = torch.zeros_like(p)
+            opt.step()
+        return trace_prepared(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target,
+                              rules=rules, meta=meta)
+
+
+def _register_resident(tracker: StepTracker, model: torch.nn.Module, inputs: tuple[Any, ...], target: Any,
+                       opt: torch.optim.Optimizer | None) -> None:
+    owner = {}
+    for path, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            owner.setdefault(id(p), path)
+        for b in module.buffers(recurse=False):
+            owner.setdefault(id(b), path)
+    for p in model.parameters():
+        tracker.add_resident(p, Category.PARAMETERS, owner.get(id(p), ""))
+        if p.grad is not None:
+            tracker.add_resident(p.grad, Category.GRADIENTS, owner.get(id(p), ""))
+    for b in model.buffers():
+        tracker.add_resident(b, Category.BUFFERS, owner.get(id(b), ""))
+    if opt is not None:
+        for state in opt.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    tracker.add_resident(value, Category.OPTIMIZER_STATE)
+    from torch.utils._pytree import tree_flatten
+
+    for leaf in tree_flatten((inputs, target))[0]:
+        if isinstance(leaf, torch.Tensor):
+            tracker.add_resident(leaf, Category.INPUTS)

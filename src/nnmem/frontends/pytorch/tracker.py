@@ -1,0 +1,189 @@
+"""Storage-level tracking of a PyTorch step with a TorchDispatchMode.
+
+The same tracker runs over fake tensors (estimate) and real tensors (the tensor-level truth of
+``nnmem measure``). It sees every op below autograd, registers each new storage an op returns, and
+learns of a storage's end from a weakref callback, which CPython runs the moment the storage dies.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from nnmem.trace import Block, Category, LayerInfo, Op, Phase, Trace
+
+__all__ = ["OpRules", "StepTracker"]
+
+
+class OpRules(Protocol):
+    """Per-op memory rules that a fake trace needs and a real one does not."""
+
+    def workspace(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                  training: bool) -> int:
+        """Transient scratch the CPU kernel allocates and frees inside the op, in bytes."""
+        ...
+
+    def output_bytes(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     out: Any) -> list[int] | None:
+        """True storage bytes of each output tensor (flatten order) where the fake kernel's differ."""
+        ...
+
+
+@dataclass(slots=True)
+class _BlockState:
+    nbytes: int
+    category: Category | None
+    layer: str
+    phase: Phase
+    alloc_op: int
+    free_op: int = -1
+
+
+class StepTracker(TorchDispatchMode):
+    """Records storages allocated and freed by each op while active.
+
+    Args:
+        model: the model whose layers name the ops (module paths come from ``named_modules``).
+        rules: per-op kernel workspace and fake-kernel size corrections (estimates only).
+    """
+
+    def __init__(self, model: torch.nn.Module, rules: OpRules | None = None) -> None:
+        super().__init__()
+        self._names = {id(m): name for name, m in model.named_modules()}
+        self._rules = rules
+        self._blocks: list[_BlockState] = []
+        self._by_storage: dict[int, int] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._ops: list[list[Any]] = []  # [name, phase, layer, alloc_bytes, free_bytes, workspace]
+        self._stack: list[str] = []
+        self._node_layer: dict[int, str] = {}
+        self._layer_out: dict[str, int] = {}
+        self.phase = Phase.SETUP
+        self.training = True
+
+    # ---- resident storages -------------------------------------------------------------------
+    def add_resident(self, tensor: torch.Tensor, category: Category, layer: str = "") -> None:
+        """Register a storage that is live before the step (parameter, gradient, input ...)."""
+        self._register(tensor, category, layer, Phase.SETUP, -1)
+
+    # ---- the step ------------------------------------------------------------------------------
+    def begin(self, phase: Phase) -> None:
+        """Start a phase; the first call opens the step with a marker op that collects early frees."""
+        self.phase = phase
+        if not self._ops:
+            self._ops.append(["<step start>", phase, "", 0, 0, 0])
+
+    @contextmanager
+    def layer_hooks(self) -> Iterator[None]:
+        """Name forward ops after the innermost running module while the context is open."""
+        pre = torch.nn.modules.module.register_module_forward_pre_hook(self._pre_hook)
+        post = torch.nn.modules.module.register_module_forward_hook(self._post_hook)
+        try:
+            yield
+        finally:
+            pre.remove()
+            post.remove()
+
+    def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+        self._stack.append(self._names.get(id(module), self._stack[-1] if self._stack else ""))
+
+    def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        layer = self._stack.pop() if self._stack else ""
+        if self.phase is Phase.FORWARD and id(module) in self._names:
+            nbytes = sum(t.untyped_storage().nbytes() for t in _tensors(output))
+            self._layer_out[layer] = self._layer_out.get(layer, 0) + nbytes
+
+    def _current_layer(self) -> str:
+        if self.phase is Phase.BACKWARD:
+            node = torch._C._current_autograd_node()
+            return self._node_layer.get(node._sequence_nr(), "") if node is not None else ""
+        return self._stack[-1] if self._stack else ""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        tensors = _tensors(out)
+        rules = self._rules
+        workspace = rules.workspace(func, args, kwargs, out, self.training) if rules is not None else 0
+        sizes = rules.output_bytes(func, args, kwargs, out) if rules is not None else None
+        fresh = [(i, t) for i, t in enumerate(tensors) if id(t.untyped_storage()) not in self._by_storage]
+        if not fresh and not workspace:
+            return out  # views and in-place ops: nothing to record; frees attach to the last op
+        layer = self._current_layer()
+        index = len(self._ops)
+        record = [str(func), self.phase, layer, 0, 0, workspace]
+        self._ops.append(record)
+        for i, tensor in fresh:
+            nbytes = sizes[i] if sizes is not None else None
+            record[3] += self._register(tensor, None, layer, self.phase, index, nbytes)
+        if self.phase is Phase.FORWARD:
+            for tensor in tensors:
+                if tensor.grad_fn is not None:
+                    self._node_layer[tensor.grad_fn._sequence_nr()] = layer
+        return out
+
+    def _register(self, tensor: torch.Tensor, category: Category | None, layer: str, phase: Phase,
+                  index: int, nbytes: int | None = None) -> int:
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._by_storage:
+            return 0
+        nbytes = storage.nbytes() if nbytes is None else nbytes
+        block = len(self._blocks)
+        self._blocks.append(_BlockState(nbytes, category, layer, phase, index))
+        self._by_storage[key] = block
+        self._refs[key] = weakref.ref(storage, lambda _ref, key=key, block=block: self._freed(key, block))
+        return nbytes
+
+    def _freed(self, key: int, block: int) -> None:
+        self._by_storage.pop(key, None)
+        self._refs.pop(key, None)
+        state = self._blocks[block]
+        state.free_op = max(len(self._ops) - 1, 0)
+        if self._ops:
+            self._ops[-1][4] += state.nbytes
+
+    # ---- results -------------------------------------------------------------------------------
+    def block_of(self, tensor: torch.Tensor) -> int | None:
+        """The block id of a tensor's storage, if tracked and live."""
+        return self._by_storage.get(id(tensor.untyped_storage()))
+
+    def set_category(self, tensor: torch.Tensor, category: Category) -> None:
+        """Fix the category of a live tracked storage (gradients, new optimizer state)."""
+        block = self.block_of(tensor)
+        if block is not None:
+            self._blocks[block].category = category
+
+    def finish(self, mode: str, layers: tuple[LayerInfo, ...], meta: dict[str, object]) -> Trace:
+        """Freeze what was recorded into a Trace; unlabelled blocks get a category by phase."""
+        forward_end = max((i for i, r in enumerate(self._ops) if r[1] is Phase.FORWARD), default=-1)
+        blocks = tuple(
+            Block(i, s.nbytes, s.category or _default_category(s, mode, forward_end), s.layer, s.phase,
+                  s.alloc_op, s.free_op)
+            for i, s in enumerate(self._blocks)
+        )
+        ops = tuple(Op(i, r[0], r[1], r[2], r[3], r[4], r[5]) for i, r in enumerate(self._ops))
+        layers = tuple(
+            LayerInfo(x.path, x.kind, x.parameters, x.parameter_bytes, self._layer_out.get(x.path, 0),
+                      x.parameter_shapes)
+            for x in layers
+        )
+        return Trace("torch", mode, blocks, ops, layers, meta)
+
+
+def _default_category(state: _BlockState, mode: str, forward_end: int) -> Category:
+    if state.phase is Phase.FORWARD:
+        saved = mode == "train" and (state.free_op < 0 or state.free_op > forward_end)
+        return Category.SAVED_ACTIVATIONS if saved else Category.ACTIVATIONS
+    return Category.TEMPORARIES
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
