@@ -56,7 +56,9 @@ def _from_spec(spec: str, batch: int | None, input_shape: Any, *, meta: bool) ->
         inputs = torch_frontend.shaped_inputs(batch or 1, _shapes(input_shape), device="meta" if meta else "cpu")
         del torch
     if inputs is None:
-        raise ConfigError(f"the factory {spec!r} returned only a model: give the input shape, e.g. --input-shape 3,224,224")
+        raise ConfigError(
+            f"the factory {spec!r} returned only a model: give the input shape, e.g. --input-shape 3,224,224"
+        )
     return built.model, inputs, built.target, built.loss_fn, notes
 
 

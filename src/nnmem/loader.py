@@ -34,11 +34,11 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
     Raises:
         ModelLoadError: no such built-in, file, module or attribute.
     """
-    from nnmem import zoo
-
-    if spec in zoo.BUILTIN:
-        return zoo.resolve(spec)
     if ":" not in spec:
+        from nnmem import zoo
+
+        if spec in zoo.BUILTIN:
+            return zoo.resolve(spec)
         if spec.endswith(".py"):
             raise ModelLoadError(f"expected MODEL as 'file.py:factory'; {spec!r} names no factory. Add ':name'")
         raise ModelLoadError(

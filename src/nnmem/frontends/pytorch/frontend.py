@@ -88,3 +88,44 @@ def _batch_of(inputs: Any) -> int | None:
     return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else None
 
 
+
+
+def tracer(model: Any, inputs: Any, *, spec: str | None, input_shape: Any, mode: str, optimizer: Any,
+           loss_fn: Any, target: Any) -> Callable[[int], Any]:
+    """A function batch → Trace of the step at that batch, traced under FakeTensorMode.
+
+    A MODEL spec's factory is called at each batch under the meta device; a model with example
+    inputs gets inputs (and a target) whose leading dimension is replaced by the batch.
+    """
+    from nnmem.loader import resolve_factory
+
+    factory = resolve_factory(spec) if spec is not None else None
+    example = _batch_of(inputs) if inputs is not None else None
+
+    def trace_at(batch: int) -> Any:
+        if factory is not None:
+            built, _ = build_torch(factory, batch, spec or "", meta=True)
+            x = (shaped_inputs(batch, input_shape, device="meta") if input_shape else built.inputs)
+            if x is None:
+                raise ConfigError(f"the factory {spec!r} returned only a model: give the input shape")
+            return trace_fake_step(built.model, _as_tuple(x), mode=mode, optimizer=optimizer,
+                                   loss_fn=loss_fn or built.loss_fn,
+                                   target=target if target is not None else built.target, rules=_rules(),
+                                   meta={"batch": batch})
+        if example is None:
+            raise ConfigError("expected inputs whose first dimension is the batch, to rescale them")
+        return trace_fake_step(model, _rebatch(_as_tuple(inputs), example, batch), mode=mode, optimizer=optimizer,
+                               loss_fn=loss_fn, target=_rebatch(target, example, batch), rules=_rules(),
+                               meta={"batch": batch})
+
+    return trace_at
+
+
+def _rebatch(value: Any, example: int, batch: int) -> Any:
+    """Meta tensors like ``value`` whose leading dimension ``example`` becomes ``batch``."""
+    if isinstance(value, torch.Tensor):
+        shape = (batch, *value.shape[1:]) if value.dim() and value.shape[0] == example else tuple(value.shape)
+        return torch.empty(shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rebatch(v, example, batch) for v in value)
+    return value

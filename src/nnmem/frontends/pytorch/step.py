@@ -179,18 +179,19 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
     """Trace one step of a model whose optimizer is already in steady state."""
     tracker = StepTracker(model, rules)
     tracker.training = mode == "train"
-    _register_resident(tracker, model, inputs, target, opt)
+    owner = _owners(model)
+    _register_resident(tracker, model, inputs, target, opt, owner)
     with tracker, tracker.layer_hooks():
         run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, tracker=tracker)
     if opt is not None:
         for group in opt.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    tracker.set_category(p.grad, Category.GRADIENTS)
-        for state in opt.state.values():
+                    tracker.set_category(p.grad, Category.GRADIENTS, owner.get(id(p), ""))
+        for p, state in opt.state.items():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    tracker.set_category(value, Category.OPTIMIZER_STATE)
+                    tracker.set_category(value, Category.OPTIMIZER_STATE, owner.get(id(p), ""))
     return tracker.finish(mode, layer_infos(model), dict(meta or {}))
 
 
@@ -218,14 +219,19 @@ def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: st
                               rules=rules, meta=meta)
 
 
-def _register_resident(tracker: StepTracker, model: torch.nn.Module, inputs: tuple[Any, ...], target: Any,
-                       opt: torch.optim.Optimizer | None) -> None:
-    owner = {}
+def _owners(model: torch.nn.Module) -> dict[int, str]:
+    """id of each parameter and buffer → path of the first module that owns it."""
+    owner: dict[int, str] = {}
     for path, module in model.named_modules():
         for p in module.parameters(recurse=False):
             owner.setdefault(id(p), path)
         for b in module.buffers(recurse=False):
             owner.setdefault(id(b), path)
+    return owner
+
+
+def _register_resident(tracker: StepTracker, model: torch.nn.Module, inputs: tuple[Any, ...], target: Any,
+                       opt: torch.optim.Optimizer | None, owner: dict[int, str]) -> None:
     for p in model.parameters():
         tracker.add_resident(p, Category.PARAMETERS, owner.get(id(p), ""))
         if p.grad is not None:
@@ -233,10 +239,10 @@ def _register_resident(tracker: StepTracker, model: torch.nn.Module, inputs: tup
     for b in model.buffers():
         tracker.add_resident(b, Category.BUFFERS, owner.get(id(b), ""))
     if opt is not None:
-        for state in opt.state.values():
+        for p, state in opt.state.items():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    tracker.add_resident(value, Category.OPTIMIZER_STATE)
+                    tracker.add_resident(value, Category.OPTIMIZER_STATE, owner.get(id(p), ""))
     from torch.utils._pytree import tree_flatten
 
     for leaf in tree_flatten((inputs, target))[0]:

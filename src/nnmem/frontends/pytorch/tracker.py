@@ -155,11 +155,13 @@ class StepTracker(TorchDispatchMode):
         """The block id of a tensor's storage, if tracked and live."""
         return self._by_storage.get(id(tensor.untyped_storage()))
 
-    def set_category(self, tensor: torch.Tensor, category: Category) -> None:
-        """Fix the category of a live tracked storage (gradients, new optimizer state)."""
+    def set_category(self, tensor: torch.Tensor, category: Category, layer: str | None = None) -> None:
+        """Fix the category (and owning layer) of a live tracked storage: gradients, optimizer state."""
         block = self.block_of(tensor)
         if block is not None:
             self._blocks[block].category = category
+            if layer is not None:
+                self._blocks[block].layer = layer
 
     def finish(self, mode: str, layers: tuple[LayerInfo, ...], meta: dict[str, object]) -> Trace:
         """Freeze what was recorded into a Trace; unlabelled blocks get a category by phase."""

@@ -1,0 +1,1 @@
+"""What-if analyses over traces: batch size, (later) checkpointing, precision, sharding."""
