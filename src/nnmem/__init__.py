@@ -21,21 +21,28 @@ from nnmem.errors import (
     TraceError,
     UnsupportedError,
 )
+from nnmem.fit import batch_curve, explain, max_batch
 from nnmem.report.compare import Comparison, compare
 from nnmem.report.model import LayerRow, Report, TimelinePoint
 from nnmem.trace import Category, Level, Phase
 from nnmem.units import format_bytes, parse_size
+from nnmem.whatif.batch import BatchCurve, FitResult
+from nnmem.whatif.explain import Explanation, ModeFigures
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchCurve",
     "Category",
     "Comparison",
     "ConfigError",
+    "Explanation",
+    "FitResult",
     "LayerRow",
     "Level",
     "MeasureError",
     "MissingFrameworkError",
+    "ModeFigures",
     "ModelLoadError",
     "NnmemError",
     "Phase",
@@ -43,9 +50,12 @@ __all__ = [
     "TimelinePoint",
     "TraceError",
     "UnsupportedError",
+    "batch_curve",
     "compare",
     "estimate",
+    "explain",
     "format_bytes",
+    "max_batch",
     "measure",
     "parse_size",
 ]
