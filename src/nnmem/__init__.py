@@ -12,6 +12,7 @@ from __future__ import annotations
 # (nnmem.measure.child) would otherwise rebind the attribute nnmem.measure to the package.
 import nnmem.measure as _measure_package  # noqa: F401  (isort: skip)
 from nnmem.api import estimate, measure
+from nnmem.devices import Device, get_device, list_devices
 from nnmem.errors import (
     ConfigError,
     MeasureError,
@@ -21,7 +22,7 @@ from nnmem.errors import (
     TraceError,
     UnsupportedError,
 )
-from nnmem.fit import batch_curve, explain, max_batch
+from nnmem.fit import batch_curve, explain, max_batch, resolve_budget
 from nnmem.report.compare import Comparison, compare
 from nnmem.report.model import LayerRow, Report, TimelinePoint
 from nnmem.trace import Category, Level, Phase
@@ -36,6 +37,7 @@ __all__ = [
     "Category",
     "Comparison",
     "ConfigError",
+    "Device",
     "Explanation",
     "FitResult",
     "LayerRow",
@@ -55,7 +57,10 @@ __all__ = [
     "estimate",
     "explain",
     "format_bytes",
+    "get_device",
+    "list_devices",
     "max_batch",
     "measure",
     "parse_size",
+    "resolve_budget",
 ]

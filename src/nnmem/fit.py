@@ -89,11 +89,13 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
 
 def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", optimizer: Any = "sgd",
             loss_fn: Callable[..., Any] | None = None, target: Any = None, input_shape: Any = None,
-            batch: int = 32, progress: Callable[[str], None] | None = None) -> Explanation:
+            batch: int | None = None, progress: Callable[[str], None] | None = None) -> Explanation:
     """Training next to inference: what grows per sample in each, and the largest batch of each.
 
     Args:
-        batch: the batch at which the deciding segment of each curve is read.
+        batch: read each mode's figures at the segment that decides the peak at this batch. Default: at the
+            largest batch within the budget when one is given, else the segment that grows fastest with the
+            batch (the one deciding at large batches).
         budget: optional; with it (or a catalog device) both max batches are searched.
     """
     _check("train", optimizer, batch, "cpu")
@@ -112,7 +114,7 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
             raise UnsupportedError(f"{mode}: the step runs different ops at batch {b1} and {b2}")
         fit = (search_max_batch(trace_at, budget_bytes, "allocator", progress=progress)
                if budget_bytes is not None else None)
-        figures[mode] = mode_figures(mode, curve, fit.batch if fit is not None and fit.batch else batch, fit)
+        figures[mode] = mode_figures(mode, curve, trace_at(b1), trace_at(b2), batch, fit)
         if mode == "train":
             r1 = report_from_trace(trace_at(b1), source="estimate", model="", device=device)
             r2 = report_from_trace(trace_at(b2), source="estimate", model="", device=device)

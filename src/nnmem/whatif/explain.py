@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nnmem.simulate import _live_at
+from nnmem.trace import Category, Trace
 from nnmem.whatif.batch import BatchCurve, FitResult
 
-__all__ = ["ModeFigures", "Explanation", "mode_figures"]
+__all__ = ["ModeFigures", "Explanation", "mode_figures", "deciding_op"]
 
 _FIXED = ("parameters", "buffers", "gradients", "optimizer state")
 
@@ -63,10 +65,44 @@ class Explanation:
         return self.train.per_sample_bytes / max(self.infer.per_sample_bytes, 1)
 
 
-def mode_figures(mode: str, curve: BatchCurve, batch: int, fit: FitResult | None) -> ModeFigures:
-    """Figures of one mode at ``batch`` from its fitted curve."""
-    op = curve.peak_op(batch)
-    fixed, slope = curve.intercepts[op], curve.slopes[op]
-    per_cat = {c: int(round(s)) for c, (a, s) in curve.categories.items() if round(s)}
-    fixed_cat = {c: int(round(a)) for c, (a, s) in curve.categories.items() if c in _FIXED and round(a)}
-    return ModeFigures(mode, int(round(fixed)), int(round(slope)), per_cat, fixed_cat, fit)
+def deciding_op(curve: BatchCurve, batch: int | None) -> int:
+    """Index into the curve's series of the op that decides the peak at ``batch``.
+
+    With ``batch`` None, the op whose live bytes grow fastest with the batch: the one that decides the
+    peak at large batches, where the question "what is my largest batch" is answered.
+    """
+    if batch is not None:
+        return curve.peak_op(batch)
+    return max(range(len(curve.slopes)), key=lambda i: (round(curve.slopes[i], 6), curve.intercepts[i]))
+
+
+def _categories_at(trace: Trace, series_index: int, level: str) -> dict[str, int]:
+    """Bytes per category live at the curve's series index (0: before the first op), at ``level``."""
+    op = series_index - 1
+    cats = dict(_live_at(trace, op)[0])
+    if level != "tensor" and op >= 0 and trace.ops[op].workspace:
+        cats[Category.WORKSPACE.value] = cats.get(Category.WORKSPACE.value, 0) + trace.ops[op].workspace
+    return cats
+
+
+def mode_figures(mode: str, curve: BatchCurve, first: Trace, second: Trace, batch: int | None,
+                 fit: FitResult | None) -> ModeFigures:
+    """Figures of one mode from its fitted curve and the two traces it was fitted from.
+
+    Args:
+        batch: read the segment that decides the peak at this batch; None: the steepest segment.
+    """
+    index = deciding_op(curve, fit.batch if fit is not None and fit.batch else batch)
+    b1, b2 = curve.batches
+    c1, c2 = _categories_at(first, index, curve.level), _categories_at(second, index, curve.level)
+    per_cat: dict[str, int] = {}
+    fixed_cat: dict[str, int] = {}
+    for cat in dict.fromkeys([*c1, *c2]):
+        v1, v2 = c1.get(cat, 0), c2.get(cat, 0)
+        slope = (v2 - v1) / (b2 - b1)
+        if round(slope):
+            per_cat[cat] = int(round(slope))
+        if cat in _FIXED and round(v1 - slope * b1):
+            fixed_cat[cat] = int(round(v1 - slope * b1))
+    return ModeFigures(mode, int(round(curve.intercepts[index])), int(round(curve.slopes[index])), per_cat,
+                       fixed_cat, fit)

@@ -1,0 +1,384 @@
+"""The ``nnmem`` command: argument parsing → public API → renderers. The only module that prints.
+
+Exit codes: 0 success; 2 a user mistake (bad argument, model that cannot be loaded or traced, a
+measuring child that died), printed as one line ``nnmem: error: <message>``; 130 interrupted;
+1 an internal error (a bug in nnmem; set ``NNMEM_DEBUG=1`` for the traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+import nnmem
+from nnmem.api import MODES, OPTIMIZERS
+from nnmem.report.text import (
+    render_budget,
+    render_comparison,
+    render_devices,
+    render_examples,
+    render_explanation,
+    render_fits,
+    render_report,
+    render_summary,
+)
+
+__all__ = ["main", "cli", "NnmemGroup"]
+
+DEFAULT_BATCH = 32
+EXIT_USAGE = 2
+EXIT_INTERNAL = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell convention
+
+
+class PositiveIntType(click.ParamType):
+    """A positive integer, e.g. a batch size: ``0``, ``-3``, ``2.5`` and ``abc`` are rejected."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        text = str(value).strip()
+        if not (text.isdigit() and int(text) > 0):
+            self.fail(f"expected a positive integer. Received: {value!r}", param, ctx)
+        return int(text)
+
+
+class ShapeType(click.ParamType):
+    """An input shape without the batch, e.g. ``3,32,32`` → ``(3, 32, 32)``."""
+
+    name = "shape"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        parts = [p.strip() for p in str(value).split(",")]
+        if not all(p.isdigit() and int(p) > 0 for p in parts):
+            self.fail(f"expected positive integers separated by commas, without the batch, e.g. 3,32,32. "
+                      f"Received: {value!r}", param, ctx)
+        return tuple(int(p) for p in parts)
+
+
+class SizeType(click.ParamType):
+    """A memory size such as ``16GiB`` or ``16 GB``, parsed by :func:`nnmem.parse_size` into bytes."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return nnmem.parse_size(str(value))
+        except nnmem.ConfigError as err:
+            self.fail(str(err), param, ctx)
+
+
+def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options shared by ``estimate`` and ``measure`` (applied bottom-up, listed top-down)."""
+    options = [
+        click.argument("model"),
+        click.option("--batch", type=PositiveIntType(), default=DEFAULT_BATCH, show_default=True,
+                     help="Batch size; the factory is called as factory(batch)."),
+        click.option("--input-shape", "input_shape", type=ShapeType(), multiple=True, metavar="D1,D2,...",
+                     help="Input shape without the batch, e.g. 3,32,32; repeat once per input. "
+                          "Needed when the factory returns only a model."),
+        click.option("--mode", type=click.Choice(MODES, case_sensitive=False), default="train", show_default=True,
+                     help="Training step or inference."),
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS, case_sensitive=False), default="sgd",
+                     show_default=True, help="Optimizer whose state a training step keeps."),
+        click.option("--device", default="cpu", show_default=True, help="Target device."),
+        click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
+                     help="Memory budget, e.g. 16GiB or 16 GB: say whether the peak fits."),
+        click.option("--json", "as_json", is_flag=True, help="Print only JSON."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _step_kwargs(batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str,
+                 device: str) -> dict[str, Any]:
+    return {"batch": batch, "input_shape": input_shape or None, "mode": mode.lower(),
+            "optimizer": optimizer.lower(), "device": device}
+
+
+def _width() -> int:
+    """Render at the terminal's width, but never so narrow that the tables fold, nor wider than 160."""
+    return max(120, min(160, shutil.get_terminal_size((120, 24)).columns))
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with infinite or NaN floats replaced by None, so that the JSON is strict (RFC 8259)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _budget_dict(peak_bytes: int, budget: int | None) -> dict[str, Any]:
+    return {} if budget is None else {"budget_bytes": budget, "fits": peak_bytes <= budget}
+
+
+class NnmemGroup(click.Group):
+    """A click group whose ``main`` turns every failure into one line on stderr and an exit code."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        code = _run(self, list(sys.argv[1:] if args is None else args), prog_name or "nnmem")
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+@click.group(cls=NnmemGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(nnmem.__version__, prog_name="nnmem")
+def cli() -> None:
+    """Estimate how much memory a neural network's training or inference step needs, and where it goes.
+
+    All sizes are printed in IEC units (1 KiB = 1024 B).
+    """
+
+
+@cli.command()
+@_step_options
+def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str,
+             device: str, budget: int | None, as_json: bool) -> None:
+    """Estimate the peak memory of one step of MODEL, without running it.
+
+    MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
+    The factory is called as factory(batch) (default batch 32) and returns a model or
+    (model, inputs[, target[, loss_fn]]).
+    """
+    report = nnmem.estimate(model, **_step_kwargs(batch, input_shape, mode, optimizer, device))
+    if as_json:
+        extra = _budget_dict(report.peak_bytes, budget)
+        click.echo(json.dumps({**report.to_dict(), **extra}, indent=2) if extra else report.to_json())
+        return
+    click.echo(render_report(report, width=_width()), nl=False)
+    if budget is not None:
+        click.echo(render_budget(report.peak_bytes, budget))
+
+
+@cli.command()
+@_step_options
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS", help="Kill the measuring child process after this many seconds.")
+def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str,
+            device: str, budget: int | None, as_json: bool, timeout_s: float | None) -> None:
+    """Estimate MODEL's step, run it for real in a child process, and compare the two.
+
+    MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
+    Default batch 32. --budget is checked against the measured peak.
+    """
+    kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device)
+    estimated = nnmem.estimate(model, **kwargs)
+    measured = nnmem.measure(model, **kwargs, timeout_s=timeout_s)
+    comparison = nnmem.compare(estimated, measured)
+    if as_json:
+        data = {**comparison.to_dict(), **_budget_dict(measured.peak_bytes, budget)}
+        click.echo(json.dumps(_finite(data), indent=2))
+        return
+    click.echo(render_summary(estimated))
+    click.echo(render_summary(measured))
+    click.echo(render_comparison(comparison, width=_width()), nl=False)
+    if budget is not None:
+        click.echo(f"measured peak {render_budget(measured.peak_bytes, budget)}")
+
+
+@cli.command()
+def examples() -> None:
+    """List the built-in example models, usable as MODEL."""
+    from nnmem import zoo
+
+    click.echo(render_examples([(name, zoo.describe(name)) for name in zoo.names()], width=_width()), nl=False)
+
+
+def _progress() -> Callable[[str], None] | None:
+    """Progress lines on stderr for an interactive terminal; silent when stderr is a file or a pipe."""
+    if not sys.stderr.isatty():
+        return None
+    return lambda message: click.echo(f"nnmem: {message}", err=True)
+
+
+def _fit_dict(fit: nnmem.FitResult) -> dict[str, Any]:
+    return {"batch": fit.batch, "peak_bytes": fit.peak_bytes, "next_peak_bytes": fit.next_peak_bytes,
+            "budget_bytes": fit.budget_bytes, "headroom_bytes": fit.headroom_bytes, "traces": fit.traces}
+
+
+def _budget_label(budget: int | None, device: str) -> str:
+    if budget is not None:
+        return nnmem.format_bytes(budget)
+    dev = nnmem.get_device(device)
+    return f"{dev.name} (usable {nnmem.format_bytes(dev.usable_bytes)})"
+
+
+def _fit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.argument("model"),
+        click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
+                     help="Memory budget, e.g. 16GiB or 16 GB."),
+        click.option("--device", default="cpu", show_default=True,
+                     help="A catalog device (see `nnmem devices`) whose usable memory is the budget."),
+        click.option("--input-shape", "input_shape", type=ShapeType(), multiple=True, metavar="D1,D2,...",
+                     help="Input shape without the batch; repeat once per input."),
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS, case_sensitive=False), default="sgd",
+                     show_default=True, help="Optimizer whose state a training step keeps."),
+        click.option("--json", "as_json", is_flag=True, help="Print only JSON."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _need_budget(budget: int | None, device: str) -> None:
+    if budget is None and device.lower() == "cpu":
+        raise click.UsageError("expected --budget SIZE (e.g. --budget 16GiB) or --device NAME from `nnmem devices`")
+    if budget is not None and device.lower() != "cpu":
+        raise click.UsageError("expected either --budget or --device, not both")
+
+
+@cli.command()
+@_fit_options
+@click.option("--mode", type=click.Choice((*MODES, "both"), case_sensitive=False), default="both", show_default=True,
+              help="Which step to fit.")
+def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...], optimizer: str,
+        as_json: bool, mode: str) -> None:
+    """The largest batch of MODEL that fits a budget, for training and for inference side by side.
+
+    Exact for the estimate: the step's peak at the batch is within the budget, at the next batch it is not.
+    """
+    _need_budget(budget, device)
+    modes = MODES if mode.lower() == "both" else (mode.lower(),)
+    results = []
+    for m in modes:
+        result = nnmem.max_batch(model, budget=budget, device=device, mode=m, optimizer=optimizer.lower(),
+                                 input_shape=input_shape or None, progress=_progress())
+        results.append((m, result))
+    level = nnmem.resolve_budget(budget, device)[1]
+    if as_json:
+        click.echo(json.dumps({"model": model, "device": device, "level": level, "optimizer": optimizer.lower(),
+                               **{m: _fit_dict(r) for m, r in results}}, indent=2))
+        return
+    click.echo(render_fits(results, budget_label=_budget_label(budget, device), level=level, width=_width()),
+               nl=False)
+
+
+@cli.command()
+@_fit_options
+@click.option("--batch", type=PositiveIntType(), default=None,
+              help="Read the figures where the peak is decided at this batch "
+                   "[default: at the largest batch that fits, or at large batches].")
+def explain(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...], optimizer: str,
+            as_json: bool, batch: int | None) -> None:
+    """Why training fits a smaller batch than inference: what grows per sample in each, with MODEL's figures.
+
+    With --budget or --device it also finds the largest batch of each.
+    """
+    if budget is not None and device.lower() != "cpu":
+        raise click.UsageError("expected either --budget or --device, not both")
+    exp = nnmem.explain(model, budget=budget, device=device, optimizer=optimizer.lower(),
+                        input_shape=input_shape or None, batch=batch, progress=_progress())
+    if as_json:
+        def figures(f: nnmem.ModeFigures) -> dict[str, Any]:
+            return {"fixed_bytes": f.fixed_bytes, "per_sample_bytes": f.per_sample_bytes,
+                    "per_sample_by_category": f.per_sample_by_category, "fixed_by_category": f.fixed_by_category,
+                    "fit": _fit_dict(f.fit) if f.fit is not None else None}
+
+        click.echo(json.dumps(_finite({
+            "model": model, "train": figures(exp.train), "infer": figures(exp.infer),
+            "gradient_bytes": exp.gradient_bytes, "per_sample_ratio": exp.per_sample_ratio,
+            "batch_ratio": exp.batch_ratio, "budget_bytes": exp.budget_bytes,
+            "saved_per_sample": dict(exp.saved_per_sample)}), indent=2))
+        return
+    click.echo(render_explanation(exp, model=model, width=_width()), nl=False)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
+def devices(as_json: bool) -> None:
+    """List the device catalog: memory, what is not available to tensors, and the source of each figure."""
+    catalog = nnmem.list_devices()
+    if as_json:
+        click.echo(json.dumps([{"name": d.name, "kind": d.kind, "memory_bytes": d.memory_bytes,
+                                "context_bytes": d.context_bytes, "usable_bytes": d.usable_bytes,
+                                "bandwidth_gbps": d.bandwidth_gbps,
+                                "compute_capability": list(d.compute_capability) if d.compute_capability else None,
+                                "source": d.source, "notes": d.notes} for d in catalog], indent=2))
+        return
+    click.echo(render_devices(catalog, width=_width()), nl=False)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(line.strip() for line in message.splitlines() if line.strip()) or "(no message)"
+
+
+def _error(message: str, code: int) -> int:
+    click.echo(_one_line(message), err=True)
+    return code
+
+
+def _usage_message(err: click.UsageError) -> str:
+    command = err.ctx.command_path if err.ctx is not None else "nnmem"
+    return f"nnmem: error: {err.format_message()} (see '{command} --help')"
+
+
+def _quiet_framework_logs() -> None:
+    # PyTorch's fake-tensor mode logs a traceback at ERROR level before re-raising a shape error
+    # (torch/_subclasses/fake_tensor.py, "failed while attempting to run meta for ..."); nnmem turns
+    # that error into a TraceError, so the log would only put a traceback in front of the message.
+    logging.getLogger("torch._subclasses.fake_tensor").disabled = True
+
+
+def _run(group: click.Group, args: list[str], prog_name: str) -> int:
+    """Run ``group`` on the command line ``args`` and return the exit code; print errors as one line."""
+    _quiet_framework_logs()
+    try:
+        with group.make_context(prog_name, args) as ctx:
+            group.invoke(ctx)
+        return 0
+    except click.exceptions.NoArgsIsHelpError as err:
+        click.echo(err.ctx.get_help() if err.ctx is not None else "")
+        return 0
+    except click.exceptions.Exit as err:  # --help, --version
+        return err.exit_code
+    except click.UsageError as err:  # BadParameter, NoSuchOption, MissingParameter, ...
+        return _error(_usage_message(err), EXIT_USAGE)
+    except click.ClickException as err:
+        return _error(f"nnmem: error: {err.format_message()}", EXIT_USAGE)
+    except nnmem.NnmemError as err:
+        return _error(f"nnmem: error: {err}", EXIT_USAGE)
+    except (KeyboardInterrupt, click.Abort):
+        return _error("nnmem: interrupted", EXIT_INTERRUPTED)
+    except BrokenPipeError:  # e.g. `nnmem estimate mlp | head`: the reader left, nothing to report
+        _silence_stdout()
+        return EXIT_INTERNAL
+    except Exception as err:
+        if os.environ.get("NNMEM_DEBUG", "") not in ("", "0"):
+            raise
+        return _error(f"nnmem: internal error: {type(err).__name__}: {err} (please report)", EXIT_INTERNAL)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``nnmem`` script and of ``python -m nnmem``; exits with the command's code."""
+    cli.main(args=argv, prog_name="nnmem")

@@ -1,0 +1,303 @@
+"""Terminal renderers: a Report or a Comparison as text. They return strings; only the CLI prints.
+
+All sizes are shown in IEC units (1 KiB = 1024 B) via :func:`nnmem.units.format_bytes`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterable
+
+from rich import box
+from rich.console import Console, RenderableType
+from rich.table import Table
+
+from nnmem.devices import Device
+from nnmem.report.compare import Comparison
+from nnmem.report.model import LayerRow, Report
+from nnmem.units import format_bytes
+from nnmem.whatif.batch import FitResult
+from nnmem.whatif.explain import Explanation
+
+__all__ = [
+    "IEC_NOTE",
+    "render_report",
+    "render_summary",
+    "render_comparison",
+    "render_budget",
+    "render_examples",
+    "render_fits",
+    "render_explanation",
+    "render_devices",
+]
+
+IEC_NOTE = "IEC units (1 KiB = 1024 B)"
+_SOURCE_LABEL = {"estimate": "estimated", "measure": "measured"}
+
+
+def _render(*items: RenderableType, width: int) -> str:
+    """Render rich objects to plain text (no colour, no terminal control codes)."""
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False,
+                      force_jupyter=False, force_interactive=False, highlight=False, emoji=False,
+                      markup=False, soft_wrap=False)
+    for item in items:
+        console.print(item)
+    output = console.file.getvalue()  # type: ignore[attr-defined]
+    return "\n".join(line.rstrip() for line in output.splitlines()) + "\n"
+
+
+def _bytes(n: int) -> str:
+    """A size in IEC units, with the exact count for sizes of a KiB and more."""
+    return format_bytes(n) if abs(n) < 1024 else f"{format_bytes(n)} ({n:,} B)"
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f} %" if whole else "—"
+
+
+def _peak_line(report: Report) -> str:
+    return f"peak ({report.level} level): {_bytes(report.peak_bytes)}"
+
+
+def _header(report: Report) -> str:
+    optimizer = report.optimizer or ("none (inference)" if report.mode == "infer" else "—")
+    batch = str(report.batch) if report.batch is not None else "—"
+    lines = [
+        f"nnmem {report.source} — model {report.model} ({report.framework})",
+        f"  mode: {report.mode} · optimizer: {optimizer} · device: {report.device} · batch: {batch}",
+        f"  {_peak_line(report)}",
+        f"  {IEC_NOTE}",
+    ]
+    return "\n".join(lines)
+
+
+def _parameters_cell(row: LayerRow) -> str:
+    return row.arithmetic or (f"{row.parameters:,}" if row.parameters else "0")
+
+
+def _layer_table(report: Report) -> Table:
+    rows = report.layers
+    table = Table(box=box.SIMPLE_HEAD, show_footer=True, pad_edge=False)
+    path_width = min(max((len(r.path or "(model)") for r in rows), default=5), 32)
+    kind_width = min(max((len(r.kind) for r in rows), default=4), 24)
+    table.add_column("layer", footer="total", no_wrap=True, min_width=path_width)
+    table.add_column("kind", no_wrap=True, min_width=kind_width)
+    table.add_column("parameters", footer=f"{sum(r.parameters for r in rows):,}", justify="right")
+    columns = [("parameter bytes", "parameter_bytes"), ("output", "output_bytes"),
+               ("saved for backward", "saved_bytes"), ("live at peak", "peak_bytes")]
+    for header, attr in columns:
+        total = sum(getattr(r, attr) for r in rows)
+        table.add_column(header, footer=format_bytes(total), justify="right")
+    for row in rows:
+        table.add_row(row.path or "(model)", row.kind, _parameters_cell(row),
+                      *(format_bytes(getattr(row, attr)) for _, attr in columns))
+    return table
+
+
+def _layer_section(report: Report) -> list[RenderableType]:
+    params = report.parameter_count
+    param_bytes = sum(r.parameter_bytes for r in report.layers)
+    return [
+        f"per layer (live at peak: bytes owned by the layer at the {report.level}-level peak)",
+        _layer_table(report),
+        f"parameters: {params:,} elements, {param_bytes:,} B ({format_bytes(param_bytes)})",
+        "",
+    ]
+
+
+def _breakdown_section(report: Report) -> list[RenderableType]:
+    table = Table(box=box.SIMPLE_HEAD, show_footer=True, pad_edge=False)
+    total = sum(report.breakdown.values())
+    table.add_column("category", footer="total")
+    table.add_column("bytes", footer=_bytes(total), justify="right", no_wrap=True)
+    table.add_column("share", footer=_share(total, total), justify="right", no_wrap=True)
+    for category, nbytes in sorted(report.breakdown.items(), key=lambda kv: -kv[1]):
+        table.add_row(category, _bytes(nbytes), _share(nbytes, total))
+    return [f"at the peak ({report.level} level), by category", table]
+
+
+def _peaks_section(report: Report) -> list[RenderableType]:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("level")
+    table.add_column("peak", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for level, nbytes in report.peaks.items():
+        table.add_row(level, _bytes(nbytes), "← reported" if level == report.level else "")
+    return ["peak at every level", table]
+
+
+def _notes(notes: Iterable[str]) -> str:
+    return "\n".join(f"note: {note}" for note in notes)
+
+
+def render_report(report: Report, *, width: int = 120) -> str:
+    """The whole report as text: header, per-layer table, breakdown at the peak, peaks, notes.
+
+    Args:
+        report: an estimated or measured report.
+        width: line width in characters.
+
+    Returns:
+        Plain text ending in a newline.
+
+    Example:
+        >>> text = render_report(nnmem.estimate("mlp", batch=32))  # doctest: +SKIP
+    """
+    items: list[RenderableType] = [_header(report), ""]
+    if report.layers:
+        items += _layer_section(report)
+    items += [*_breakdown_section(report), *_peaks_section(report)]
+    if report.notes:
+        items.append(_notes(report.notes))
+    return _render(*items, width=width)
+
+
+def render_summary(report: Report) -> str:
+    """The key figures of a report in a few lines (for side-by-side use, e.g. ``nnmem measure``)."""
+    categories = ", ".join(f"{c} {format_bytes(b)}" for c, b in sorted(report.breakdown.items(), key=lambda kv: -kv[1]))
+    peaks = ", ".join(f"{level} {format_bytes(b)}" for level, b in report.peaks.items())
+    lines = [
+        f"{_SOURCE_LABEL.get(report.source, report.source)}: {_peak_line(report)}",
+        f"  peaks: {peaks}",
+        f"  at the peak: {categories}",
+    ]
+    lines += [f"  note: {note}" for note in report.notes]
+    return "\n".join(lines) + "\n"
+
+
+def _error_cell(error: float) -> str:
+    if math.isinf(error):
+        return "n/a (measured 0)"
+    return f"{100 * error:+.1f} %"
+
+
+def render_comparison(cmp: Comparison, *, width: int = 120) -> str:
+    """Estimated next to measured, field by field, with the signed error of the estimate.
+
+    The error is ``(estimated - measured) / measured``: positive means the estimate is high.
+    """
+    est, meas = cmp.estimated, cmp.measured
+    title = f"estimated vs measured — model {est.model}, {est.mode}, batch {est.batch if est.batch else '—'}"
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("field")
+    table.add_column("estimated", justify="right", no_wrap=True)
+    table.add_column("measured", justify="right", no_wrap=True)
+    table.add_column("error", justify="right", no_wrap=True)
+    for row in cmp.rows:
+        table.add_row(row.field, _bytes(row.estimated), _bytes(row.measured), _error_cell(row.error))
+    footer = f"error = (estimated − measured) / measured; {IEC_NOTE}"
+    if meas.level != est.level:
+        footer += f"; estimate reports the {est.level} level, measurement the {meas.level} level"
+    return _render(title, table, footer, width=width)
+
+
+def render_budget(peak_bytes: int, budget_bytes: int) -> str:
+    """One line: whether ``peak_bytes`` fits in ``budget_bytes`` (both in bytes), and by how much."""
+    budget = format_bytes(budget_bytes)
+    if peak_bytes <= budget_bytes:
+        return f"fits in {budget} with {format_bytes(budget_bytes - peak_bytes)} headroom"
+    return f"does NOT fit in {budget}: short by {format_bytes(peak_bytes - budget_bytes)}"
+
+
+def render_examples(examples: Iterable[tuple[str, str]], *, width: int = 120) -> str:
+    """A table of built-in example models: (name, description) pairs."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("name", no_wrap=True)
+    table.add_column("description", overflow="fold")
+    for name, description in examples:
+        table.add_row(name, description)
+    return _render("built-in example models (use the name as MODEL)", table, width=width)
+
+
+def render_fits(fits: Iterable[tuple[str, FitResult]], *, budget_label: str, level: str, width: int = 120) -> str:
+    """The largest batch per mode, side by side: batch, peak there, the next batch's peak, headroom.
+
+    Args:
+        fits: (mode, result) pairs, e.g. training then inference.
+        budget_label: what the budget is, e.g. "16.00 GiB" or "A100-80GB (usable 79.21 GiB)".
+        level: the memory level the budget is compared with.
+    """
+    fits = list(fits)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("mode", no_wrap=True)
+    table.add_column("largest batch", justify="right", no_wrap=True)
+    table.add_column("peak at it", justify="right", no_wrap=True)
+    table.add_column("headroom", justify="right", no_wrap=True)
+    table.add_column("peak at batch + 1", justify="right", no_wrap=True)
+    table.add_column("traces", justify="right", no_wrap=True)
+    for mode, fit in fits:
+        fits_none = fit.batch == 0
+        table.add_row(mode, f"{fit.batch:,}" if not fits_none else "none fits",
+                      format_bytes(fit.peak_bytes) if not fits_none else "—",
+                      format_bytes(fit.headroom_bytes) if not fits_none else "—",
+                      format_bytes(fit.next_peak_bytes), str(fit.traces))
+    lines: list[RenderableType] = [f"largest batch that fits {budget_label} ({level} level)", table]
+    by_mode = dict(fits)
+    train, infer = by_mode.get("train"), by_mode.get("infer")
+    if train is not None and infer is not None and train.batch and infer.batch:
+        lines.append(f"inference fits {infer.batch / train.batch:.1f}× the batch of training "
+                     "(`nnmem explain` says why)")
+    lines.append(IEC_NOTE)
+    return _render(*lines, width=width)
+
+
+def _per_sample_list(items: dict[str, int], limit: int = 4) -> str:
+    parts = [f"{c} {format_bytes(b)}" for c, b in sorted(items.items(), key=lambda kv: -kv[1]) if b > 0][:limit]
+    return ", ".join(parts) or "nothing"
+
+
+def render_explanation(exp: Explanation, *, model: str, width: int = 120) -> str:
+    """Training next to inference in plain sentences with the model's own figures."""
+    train, infer = exp.train, exp.infer
+    lines = [f"why training and inference of {model} fit different batch sizes", ""]
+    lines.append(f"Training needs {format_bytes(train.fixed_bytes)} whatever the batch "
+                 f"({_per_sample_list(train.fixed_by_category)}) and {format_bytes(train.per_sample_bytes)} "
+                 f"more per sample ({_per_sample_list(train.per_sample_by_category)}).")
+    lines.append(f"Inference needs {format_bytes(infer.fixed_bytes)} whatever the batch "
+                 f"({_per_sample_list(infer.fixed_by_category)}) and {format_bytes(infer.per_sample_bytes)} "
+                 f"more per sample ({_per_sample_list(infer.per_sample_by_category)}).")
+    lines.append(f"A training sample costs {exp.per_sample_ratio:.1f}× an inference sample.")
+    lines.append("")
+    lines.append(f"Gradients take {format_bytes(exp.gradient_bytes)}: the size of the trainable parameters, "
+                 "the same at batch 1 and at batch 10,000. Training does not store a gradient per sample; "
+                 "backward sums each sample's contribution into one gradient per parameter.")
+    lines.append("What grows per sample in training is the activations each layer saves for backward; "
+                 "inference keeps only the working set of the layers running at the moment.")
+    if exp.saved_per_sample:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("layer", no_wrap=True)
+        table.add_column("saved for backward per sample", justify="right", no_wrap=True)
+        for path, nbytes in exp.saved_per_sample[:10]:
+            table.add_row(path, format_bytes(nbytes))
+        rest = exp.saved_per_sample[10:]
+        if rest:
+            table.add_row(f"({len(rest)} more layers)", format_bytes(sum(b for _, b in rest)))
+        lines_r: list[RenderableType] = [*lines, "", "largest savers of activations (training)", table]
+    else:
+        lines_r = list(lines)
+    if exp.budget_bytes is not None and train.fit is not None and infer.fit is not None:
+        ratio = exp.batch_ratio
+        lines_r.append(f"Within {format_bytes(exp.budget_bytes)}: training fits batch {train.fit.batch:,}, "
+                       f"inference batch {infer.fit.batch:,}"
+                       + (f" — {ratio:.1f}× more." if ratio is not None else "."))
+    lines_r.append(IEC_NOTE)
+    return _render(*lines_r, width=width)
+
+
+def render_devices(devices: Iterable[Device], *, width: int = 120) -> str:
+    """The device catalog: memory, what is not available to tensors, bandwidth and the source of each figure."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("name", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("memory", justify="right", no_wrap=True)
+    table.add_column("not for tensors", justify="right", no_wrap=True)
+    table.add_column("usable", justify="right", no_wrap=True)
+    table.add_column("GB/s", justify="right", no_wrap=True)
+    table.add_column("source", overflow="fold")
+    for d in devices:
+        table.add_row(d.name, d.kind, format_bytes(d.memory_bytes), format_bytes(d.context_bytes),
+                      format_bytes(d.usable_bytes), f"{d.bandwidth_gbps:,.0f}", d.source)
+    note = ("'not for tensors' is the CUDA context and library handles (cuBLAS / cuDNN), an estimate per "
+            "architecture; use the name with --device")
+    return _render("device catalog", table, note, IEC_NOTE, width=width)
