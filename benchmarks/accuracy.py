@@ -1,6 +1,6 @@
 """Accuracy of nnmem's estimate against a real measurement of the same step, on the PyTorch zoo.
 
-Run:  python benchmarks/accuracy.py [--models mlp,vgg] [--json out.json]
+Run:  python benchmarks/accuracy.py [--models mlp,vgg] [--batch 8] [--json out.json]
 
 For each model × (SGD, momentum, Adam, AdamW train steps, and inference) it estimates the step under
 FakeTensorMode and measures it for real in a child process (protocol: README "Accuracy"), then
@@ -24,12 +24,12 @@ CONFIGS = (("train", "sgd"), ("train", "momentum"), ("train", "adam"), ("train",
 TENSOR_MAX, ALLOC_MEDIAN, ALLOC_MAX = 0.005, 0.02, 0.10
 
 
-def run_case(name: str, mode: str, optimizer: str) -> dict[str, object]:
+def run_case(name: str, mode: str, optimizer: str, batch: int = zoo.DEFAULT_BATCH) -> dict[str, object]:
     opt = optimizer if mode == "train" else "sgd"
     t0 = time.perf_counter()
-    est = nnmem.estimate(name, mode=mode, optimizer=opt)
+    est = nnmem.estimate(name, mode=mode, optimizer=opt, batch=batch)
     t1 = time.perf_counter()
-    meas = nnmem.measure(name, mode=mode, optimizer=opt)
+    meas = nnmem.measure(name, mode=mode, optimizer=opt, batch=batch)
     t2 = time.perf_counter()
     row: dict[str, object] = {"model": name, "mode": mode, "optimizer": optimizer,
                               "estimate_s": t1 - t0, "measure_s": t2 - t1}
@@ -43,6 +43,7 @@ def run_case(name: str, mode: str, optimizer: str) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(n for n in zoo.names() if n in zoo.ACCURACY_ZOO))
+    parser.add_argument("--batch", type=int, default=zoo.DEFAULT_BATCH)
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     rows = []
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     for name in args.models.split(","):
         for mode, optimizer in CONFIGS:
-            row = run_case(name, mode, optimizer)
+            row = run_case(name, mode, optimizer, args.batch)
             rows.append(row)
             print(f"{name:22s} {mode:5s} {optimizer:9s} {row['est_tensor']:>12,} {row['meas_tensor']:>12,} "
                   f"{row['err_tensor']:>+8.2%} {row['est_allocator']:>12,} {row['meas_allocator']:>12,} "

@@ -1,12 +1,22 @@
-"""Run a function in a forked child process so that an OOM kill or a crash there spares the caller."""
+"""Run a function in a child process so that an OOM kill or a crash there spares the caller.
+
+The child is forked from a fork server (``multiprocessing`` "forkserver"), not from the caller: a plain
+fork of a process whose OpenMP thread pool has run (any sizeable matmul or convolution in torch) leaves
+libgomp's locks held in the child, which then hangs in its first parallel region. The server preloads
+torch once, so a child starts in milliseconds; the work travels to it with cloudpickle, which carries
+closures, lambdas and classes defined in ``__main__`` by value.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing as mp
 import signal
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+import cloudpickle
 
 from nnmem import errors
 from nnmem.errors import MeasureError, NnmemError
@@ -14,8 +24,9 @@ from nnmem.errors import MeasureError, NnmemError
 __all__ = ["run_in_child"]
 
 
-def _child(conn: Any, fn: Callable[[], Any]) -> None:
+def _child(conn: Any, payload: bytes) -> None:
     try:
+        fn = cloudpickle.loads(payload)
         conn.send(("ok", fn()))
     except NnmemError as err:
         conn.send(("error", type(err).__name__, str(err)))
@@ -27,20 +38,33 @@ def _child(conn: Any, fn: Callable[[], Any]) -> None:
         conn.close()
 
 
+def _context() -> Any:
+    ctx = mp.get_context("forkserver")
+    # Must be set before the server starts (the first child); later calls only repeat it.
+    preload = ["torch", "nnmem.measure.torch_run"] if importlib.util.find_spec("torch") else []
+    ctx.set_forkserver_preload(preload)
+    return ctx
+
+
 def run_in_child(fn: Callable[[], Any], *, timeout_s: float | None = None) -> Any:
-    """Call ``fn()`` in a forked child and return its (picklable) result.
+    """Call ``fn()`` in a child process and return its (picklable) result.
 
     Args:
-        fn: the work; it runs in a copy of this process, so closures over models work.
+        fn: the work; closures over models work (it is sent with cloudpickle).
         timeout_s: seconds to wait before the child is killed; None waits for ever.
 
     Raises:
         NnmemError: the child raised one (re-raised here with its class and message).
         MeasureError: the child raised anything else, was killed (e.g. by the OOM killer) or timed out.
     """
-    ctx = mp.get_context("fork")
+    try:
+        payload = cloudpickle.dumps(fn)
+    except Exception as err:
+        raise MeasureError(f"the step cannot be sent to the measuring child process: {type(err).__name__}: {err}; "
+                           "define the model at module level or measure a MODEL spec") from err
+    ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, fn), daemon=True)
+    proc = ctx.Process(target=_child, args=(child, payload), daemon=True)
     proc.start()
     child.close()
     message = None

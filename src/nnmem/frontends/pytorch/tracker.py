@@ -35,6 +35,10 @@ class OpRules(Protocol):
         """True storage bytes of each output tensor (flatten order) where the fake kernel's differ."""
         ...
 
+    # Optional: ``fake_outputs(func, args, kwargs, out) -> out`` gives the op's outputs with the storage
+    # structure of the real kernel's where the fake kernel aliases outputs that the real one returns as
+    # separate storages (autograd then behaves as in the real run). Looked up with getattr.
+
 
 @dataclass(slots=True)
 class _BlockState:
@@ -109,8 +113,11 @@ class StepTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        tensors = _tensors(out)
         rules = self._rules
+        fix = getattr(rules, "fake_outputs", None)
+        if fix is not None:
+            out = fix(func, args, kwargs, out)
+        tensors = _tensors(out)
         workspace = rules.workspace(func, args, kwargs, out, self.training) if rules is not None else 0
         sizes = rules.output_bytes(func, args, kwargs, out) if rules is not None else None
         fresh = [(i, t) for i, t in enumerate(tensors) if id(t.untyped_storage()) not in self._by_storage]

@@ -177,7 +177,10 @@ def _rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], ou
     return conv_backward(grad_out, x, weight, bool(mask[2]), groups, mask, out)
 
 
-# ---- LSTM (oneDNN RNN through ideep) -------------------------------------------------------------------
+# ---- recurrent layers: LSTM through oneDNN (ideep), GRU through ATen's native cells -----------------
+# Section sizes follow oneDNN src/cpu/rnn/rnn_utils.hpp (set_workspace_sizes, set_conf) and
+# rnn_utils.cpp (set_offsets: every section starts on a 4 KiB page). ATen calls oneDNN once per layer
+# and direction (aten/src/ATen/native/mkldnn/RNN.cpp), so L = 1 and D = 1 in oneDNN's formulas.
 def _good_ld(dim: int, elsize: int) -> int:
     """oneDNN rnn_utils::get_good_ld: 64-byte aligned, and not a multiple of 256 (4K aliasing)."""
     ld = _rnd(dim, 64 // elsize)
@@ -185,44 +188,72 @@ def _good_ld(dim: int, elsize: int) -> int:
 
 
 def lstm_workspace_bytes(seq_len: int, batch: int, input_size: int, hidden: int, elsize: int = 4) -> int:
-    """Bytes of the workspace output of one ``mkldnn_rnn_layer`` call (one layer, one direction).
+    """Bytes of the workspace output of one training ``mkldnn_rnn_layer`` call (one layer, one direction).
 
-    oneDNN rnn_utils::set_offsets places each section on a 4 KiB page: the gates
-    (T·B·ld(4H)), ht (T·B·ld(H)), three states sections of (L+1)·(T+1)·B·ld(max(I, H)) and two of
-    (L+1)·(T+1)·B·ld(H) with L = 1 (ws_states_iter is registered twice there). The section count was
-    fitted to, and is checked against, real workspace sizes over T, B, I and H (tests/test_workspace.py).
+    Page-aligned sections of rnn_utils::set_offsets: ws_gates T·B·ld(4H), ws_ht T·B·ld(H), then with
+    (L+1)·(T+1)·B rows each: ws_states_layer, ws_diff_states_layer and ws_diff_states_iter of
+    ld(max(I, H)), and ws_states_iter_c and ws_diff_states_iter_c of H (their ld is the plain hidden size,
+    "not involved in GEMM"). Checked against real workspace sizes in tests/test_workspace.py.
     """
-    ld_states, ld_h, ld_gates = (_good_ld(max(input_size, hidden), elsize), _good_ld(hidden, elsize),
-                                 _good_ld(4 * hidden, elsize))
-    gates = seq_len * batch * ld_gates * elsize
-    ht = seq_len * batch * ld_h * elsize
-    states_wide = 2 * (seq_len + 1) * batch * ld_states * elsize
-    states_h = 2 * (seq_len + 1) * batch * ld_h * elsize
-    pages = (_rnd(gates, _PAGE) + _rnd(ht, _PAGE) + 3 * _rnd(states_wide, _PAGE) + 2 * _rnd(states_h, _PAGE))
-    return pages
+    e, rows = elsize, 2 * (seq_len + 1) * batch
+    gates = seq_len * batch * _good_ld(4 * hidden, e) * e
+    ht = seq_len * batch * _good_ld(hidden, e) * e
+    states = rows * _good_ld(max(input_size, hidden), e) * e
+    states_c = rows * hidden * 4  # cell states are f32 whatever the data type
+    return _rnd(gates, _PAGE) + _rnd(ht, _PAGE) + 3 * _rnd(states, _PAGE) + 2 * _rnd(states_c, _PAGE)
 
 
-def _lstm_scratchpad(seq_len: int, batch: int, hidden: int, elsize: int) -> int:
-    """oneDNN RNN scratchpad: scratch_gates for all T (merged layer GEMM) plus three small page-sized
-    sections and 568 B, as measured for fp32 LSTM layers (calibrate_workspace: mkldnn_rnn_layer)."""
-    return _rnd(seq_len * batch * _good_ld(4 * hidden, elsize) * elsize, _PAGE) + 3 * _PAGE + 568
+# The scratchpad registry adds to oneDNN's "rnn space" one perf_align page and small pointer arrays:
+# 568 B in training (merged-GEMM kernels), 856-1016 B with the inference (brgemm) kernels at 2 threads
+# (brgemm batch elements per thread; 1 KiB taken). Measured: calibrate_workspace, lstm_lm.
+_SCRATCH_EXTRA_TRAIN = _PAGE + 568
+_SCRATCH_EXTRA_INFER = _PAGE + 1024
 
 
-def _rnn_layer_scratch(x: torch.Tensor, w_ih: torch.Tensor, hidden: int) -> int:
-    """Bias (4H), layer and iteration weights reordered to ldigo with a good leading dimension, and the
-    primitive scratchpad, all freed before the op returns (ATen mkldnn/RNN.cpp mkldnn_rnn_layer)."""
+def _lstm_scratchpad(seq_len: int, batch: int, input_size: int, hidden: int, elsize: int, training: bool) -> int:
+    """oneDNN RNN scratchpad of one LSTM layer, in bytes.
+
+    Training (forward and backward) merges the layer GEMM over time: scratch_gates for all T steps,
+    scratch_ht and scratch_diff_ht. Inference runs the brgemm kernels without a workspace output, so the
+    scratchpad also holds ws_states_layer and ws_states_iter_c, and scratch_gates for a single step.
+    """
+    e = elsize
+    gates_row = batch * _good_ld(4 * hidden, e) * e
+    ht = _rnd(batch * _good_ld(hidden, e) * e, _PAGE)
+    if training:
+        return _rnd(seq_len * gates_row, _PAGE) + 2 * ht + _SCRATCH_EXTRA_TRAIN
+    rows = 2 * (seq_len + 1) * batch
+    states = _rnd(rows * _good_ld(max(input_size, hidden), e) * e, _PAGE) + _rnd(rows * hidden * 4, _PAGE)
+    return states + _rnd(gates_row, _PAGE) + ht + _SCRATCH_EXTRA_INFER
+
+
+def _lstm_weights(input_size: int, hidden: int, elsize: int, training: bool) -> int:
+    """Both weight matrices reordered for the forward kernel, in bytes.
+
+    Training: ldigo with the gates' leading dimension ld(4H) (rnn_utils::set_good_strides). Inference:
+    the brgemm layout ldgOi32o (AVX-512; ldgOi16o on AVX2), which pads each gate's H to the N block of
+    2 vector widths (rnn_brgemm_utils.cpp brgemm_calc_n_block).
+    """
+    if training:
+        return (input_size + hidden) * _good_ld(4 * hidden, elsize) * elsize
+    return 4 * _rnd(hidden, 2 * _block()) * (input_size + hidden) * elsize
+
+
+def _rnn_layer_scratch(x: torch.Tensor, hidden: int, training: bool) -> int:
+    """Bias (4H), the reordered weights and the scratchpad, all freed before ``mkldnn_rnn_layer``
+    returns. Measured sequence: ``[out, hy, cy, bias, workspace, w_layer, w_iter, scratchpad, -...]``."""
     seq_len, batch, input_size = int(x.shape[0]), int(x.shape[1]), int(x.shape[2])
     e = x.element_size()
-    ld = _good_ld(4 * hidden, e)
-    return 4 * hidden * e + input_size * ld * e + hidden * ld * e + _lstm_scratchpad(seq_len, batch, hidden, e)
+    return (4 * hidden * e + _lstm_weights(input_size, hidden, e, training)
+            + _lstm_scratchpad(seq_len, batch, input_size, hidden, e, training))
 
 
 def _rule_mkldnn_rnn_layer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool) -> int:
     """Arguments: input (T, B, I) — ATen passes it sequence-first whatever ``batch_first`` says —, four
     weights, hx, cx, reverse, batch_sizes, mode, hidden_size (9), num_layers, has_biases, bidirectional,
     batch_first, train (15)."""
-    x, w_ih, hidden = args[0], args[1], int(args[10])
-    return _rnn_layer_scratch(x, w_ih, hidden) if x.dim() == 3 else 0
+    x, hidden = args[0], int(args[10])
+    return _rnn_layer_scratch(x, hidden, bool(args[15])) if x.dim() == 3 else 0
 
 
 def _sizes_mkldnn_rnn_layer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[int] | None:
@@ -237,46 +268,103 @@ def _sizes_mkldnn_rnn_layer(args: tuple[Any, ...], kwargs: dict[str, Any], out: 
 
 def _rule_mkldnn_rnn_layer_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                                     training: bool) -> int:
-    """Weights reordered to ldgoi (both), blocked copies of the weight gradients, three bias-sized buffers
-    and the scratchpad (measured sequence, calibrate_workspace: mkldnn_rnn_layer_backward)."""
-    x, w_hh = args[0], args[2]
+    """Scratch of ``mkldnn_rnn_layer_backward`` (ATen mkldnn/RNN.cpp, oneDNN lstm_backward).
+
+    Measured sequence: a contiguous copy of a strided grad_output, zeros for undefined grad_hy / grad_cy,
+    the bias (4H); the outputs (grad_input, grad_hx, grad_cx, both weight gradients, one bias gradient);
+    the weights reordered to ldgoi where ld(I) or ld(H) differs from the plain row, the weight gradients
+    in ldigo with ld(4H), a bias-sized buffer and the training scratchpad; then frees, and the second
+    bias gradient. Arguments: input, four weights, hx, cx, output, hy, cy, grad_output (10), grad_hy,
+    grad_cy, ..., workspace.
+    """
+    x, w_hh, grad_out = args[0], args[2], args[10]
+    if x.dim() != 3:
+        return 0
     hidden = int(w_hh.shape[1])
     seq_len, batch, input_size = int(x.shape[0]), int(x.shape[1]), int(x.shape[2])
     e = x.element_size()
-    ld = _good_ld(4 * hidden, e)
-    return (input_size + hidden) * ld * e + 3 * 4 * hidden * e + _lstm_scratchpad(seq_len, batch, hidden, e)
+    ld4 = _good_ld(4 * hidden, e)
+    bias, state = 4 * hidden * e, batch * hidden * e
+    before = [_nbytes(grad_out) if isinstance(grad_out, torch.Tensor) and not grad_out.is_contiguous() else 0,
+              state if args[11] is None else 0, state if args[12] is None else 0, bias]
+    # outputs: grad_input, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh (4, a copy made last), grad_hx, grad_cx
+    fresh = [_nbytes(t) if isinstance(t, torch.Tensor) else 0 for t in out]
+    last = fresh.pop(4) if len(fresh) == 7 else 0
+    reorders = [4 * hidden * _good_ld(n, e) * e for n in (input_size, hidden) if _good_ld(n, e) != n]
+    diff_weights = [input_size * ld4 * e, hidden * ld4 * e]
+    inner = [*reorders, *diff_weights, bias, _lstm_scratchpad(seq_len, batch, input_size, hidden, e, True)]
+    seq = [*before, *fresh, *inner, *(-n for n in inner), last]
+    return max(_peak(seq) - sum(fresh) - last, 0)
 
 
 def _rule_lstm_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool) -> int:
     """``aten.lstm.input`` as seen under inference mode: the whole stack runs inside the op.
 
-    Per layer and direction (ATen mkldnn/RNN.cpp mkldnn_rnn): the layer's output, hy and cy, the bias,
-    the weights packed for MKL GEMM (rows padded to 16) and the scratchpad; the previous layer's output is
-    freed after the next layer ran; h_n and c_n are stacked at the end. The inference scratchpad is taken
-    as the training one (the measured one is 4-8 KiB larger: unresolved).
+    ATen mkldnn/RNN.cpp mkldnn_rnn: a contiguous sequence-first copy of the input when it is strided
+    (``batch_first``); per layer and direction the output, hy and cy, the bias, the weights in the brgemm
+    layout and the inference scratchpad; the previous layer's output is freed after the next layer ran
+    (two directions are concatenated, not measured); h_n and c_n are stacked at the end.
     """
     x, params, num_layers = args[0], args[2], int(args[4])
     bidirectional, batch_first = bool(args[7]), bool(args[8])
     if x.dim() != 3 or not torch.backends.mkldnn.enabled or x.dtype != torch.float32:
         return 0
-    seq_len, batch = (int(x.shape[1]), int(x.shape[0])) if batch_first else (int(x.shape[0]), int(x.shape[1]))
+    seq_first = x.transpose(0, 1) if batch_first else x
+    seq_len, batch = int(seq_first.shape[0]), int(seq_first.shape[1])
     e, dirs = x.element_size(), 2 if bidirectional else 1
     hidden = int(params[1].shape[1])
-    seq: list[int] = []
-    prev = 0
-    size = int(x.shape[2])
+    seq: list[int] = [0 if seq_first.is_contiguous() else _nbytes(x)]
+    prev, size = 0, int(x.shape[2])
     for _ in range(num_layers):
-        layer_out = 0
+        o = seq_len * batch * hidden * e
         for _ in range(dirs):
-            o = seq_len * batch * hidden * e
-            weights = (4 * hidden * e + _rnd(size, 16) * 4 * hidden * e + _rnd(hidden, 16) * 4 * hidden * e
-                       + _lstm_scratchpad(seq_len, batch, hidden, e))
-            seq += [o, 2 * batch * hidden * e, weights, -weights]
-            layer_out += o
+            inner = (4 * hidden * e + _lstm_weights(size, hidden, e, False)
+                     + _lstm_scratchpad(seq_len, batch, size, hidden, e, False))
+            seq += [o, 2 * batch * hidden * e, inner, -inner]
+        if dirs == 2:
+            seq += [dirs * o, -dirs * o]
         seq += [-prev]
-        prev, size = layer_out, hidden * dirs
+        prev, size = dirs * o, hidden * dirs
     fresh = sum(_nbytes(t) for t in out)
     return max(_peak(seq + [2 * num_layers * dirs * batch * hidden * e]) - fresh, 0)
+
+
+def _rule_gru_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool) -> int:
+    """``aten.gru.input`` under inference mode: ATen's native cells (aten/src/ATen/native/RNN.cpp).
+
+    Per layer, FullLayer projects the whole input at once (T·B·3H), then each step allocates
+    ``linear_hh(h)`` (B·3H), the new gate and the new hidden state (B·H each), keeps the hidden state and
+    frees the rest; the T step outputs are stacked (T·B·H), all but the last freed, then the projection
+    and the previous layer's output. Measured sequence, one direction (two: each direction in turn, then
+    a concatenation — not measured).
+    """
+    x, hx, params, num_layers = args[0], args[1], args[2], int(args[4])
+    bidirectional, batch_first = bool(args[7]), bool(args[8])
+    if x.dim() != 3:
+        return 0
+    seq_len, batch = (int(x.shape[1]), int(x.shape[0])) if batch_first else (int(x.shape[0]), int(x.shape[1]))
+    hidden, e, dirs = int(hx.shape[-1]), x.element_size(), 2 if bidirectional else 1
+    gates = int(params[0].shape[0]) // hidden
+    state, steps = batch * hidden * e, seq_len * batch * hidden * e
+    seq: list[int] = []
+    prev = 0
+    for _ in range(num_layers):
+        for _ in range(dirs):
+            projection = steps * gates
+            seq += [projection, steps - state, gates * state, state, state, -state, -gates * state, steps,
+                    -(steps - state), -projection]
+        if dirs == 2:
+            seq += [2 * steps, -2 * steps]
+        seq += [-prev]
+        prev = dirs * steps
+    fresh = sum(_nbytes(t) for t in out)
+    return max(_peak(seq + [num_layers * dirs * state]) - fresh, 0)
+
+
+def _rule_embedding_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool) -> int:
+    """``embedding_dense_backward`` makes a strided grad contiguous first (aten/src/ATen/native/Embedding.cpp)."""
+    grad = args[0]
+    return 0 if grad.is_contiguous() else _nbytes(grad)
 
 
 def _rule_transformer_encoder_layer_fwd(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
@@ -332,11 +420,28 @@ WORKSPACE: dict[Any, Rule] = {
     aten.batch_norm.default: _rule_batch_norm_infer,
     aten.max_pool2d.default: _rule_max_pool2d,
     aten.lstm.input: _rule_lstm_infer,
+    aten.gru.input: _rule_gru_infer,
+    aten.embedding_dense_backward.default: _rule_embedding_backward,
     aten._transformer_encoder_layer_fwd.default: _rule_transformer_encoder_layer_fwd,
 }
 
 SIZES: dict[Any, SizeRule] = {
     aten.mkldnn_rnn_layer.default: _sizes_mkldnn_rnn_layer,
+}
+
+
+def _unalias_rnn_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    """The meta kernel of ``mkldnn_rnn_layer_backward`` returns one tensor as both bias gradients
+    (torch/_meta_registrations.py); the CPU kernel returns a second storage (a copy made last)."""
+    if not isinstance(out, tuple) or len(out) != 7 or out[3] is not out[4]:
+        return out
+    return (*out[:4], torch.empty_like(out[4]), *out[5:])
+
+
+FakeFix = Callable[[tuple[Any, ...], dict[str, Any], Any], Any]
+
+FAKE_OUTPUTS: dict[Any, FakeFix] = {
+    aten.mkldnn_rnn_layer_backward.default: _unalias_rnn_backward,
 }
 
 
@@ -354,6 +459,11 @@ class WorkspaceRules:
         """Real storage bytes of each output (flatten order) where the fake kernel's sizes differ."""
         rule = SIZES.get(func)
         return None if rule is None else rule(args, kwargs, out)
+
+    def fake_outputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        """The op's outputs, un-aliased where the fake kernel shares a storage the real kernel does not."""
+        fix = FAKE_OUTPUTS.get(func)
+        return out if fix is None else fix(args, kwargs, out)
 
 
 RULES = WorkspaceRules()
