@@ -23,11 +23,11 @@ def _check(mode: str, optimizer: Any, batch: int | None, device: str) -> None:
                           "or an optimizer class")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0):
         raise ConfigError(f"expected batch as a positive integer. Received: batch={batch!r}")
-    if not isinstance(device, str) or device.lower() != "cpu":
-        raise UnsupportedError(
-            f"device {device!r}: this version estimates CPU steps only (device='cpu'); "
-            "CUDA devices come with the allocator model"
-        )
+    if not isinstance(device, str):
+        raise ConfigError(f"expected device as a name ('cpu', 'cuda' or a catalog GPU). Received: {device!r}")
+    from nnmem.cuda import cuda_target
+
+    cuda_target(device)  # an unknown name or a non-CUDA accelerator fails here, with the reason
 
 
 def _torch_frontend() -> Any:
@@ -88,7 +88,8 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
         optimizer: "sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad" or an optimizer class.
         loss_fn: ``loss_fn(out, target)``; default: mean of the output.
         target: the loss target, live throughout the step.
-        device: the target device; "cpu".
+        device: the target device: "cpu", "cuda" or a CUDA GPU from the catalog (``nnmem devices``). On CUDA
+            ``peak_bytes`` is the reserved level from nnmem's caching-allocator model (not yet GPU-validated).
         batch: batch size for a MODEL spec (and for display).
         input_shape: shape(s) without the batch, for a spec whose factory returns only a model.
 
@@ -126,6 +127,9 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     from nnmem.measure.child import run_in_child
 
     _check(mode, optimizer, batch, device)
+    if device.strip().lower() != "cpu":
+        raise UnsupportedError(f"measuring on device {device!r}: this version measures CPU steps only "
+                               "(device='cpu'); benchmarks/cuda_validate.py measures on a GPU")
     name = model if isinstance(model, str) else type(model).__name__
     spec = model if isinstance(model, str) else None
     frontend = _torch_frontend() if spec else _dispatch(model)

@@ -26,7 +26,9 @@ def resolve_budget(budget: Any, device: str) -> tuple[int, str]:
         budget: bytes (int) or a size text ("16GiB"); None takes the device's usable memory.
         device: "cpu" or a catalog name.
     """
-    level = "allocator"
+    from nnmem.cuda import cuda_target
+
+    level = "reserved" if cuda_target(device) is not None else "allocator"
     if budget is None:
         if device.lower() == "cpu":
             raise ConfigError("expected a budget (e.g. budget='16GiB') for device 'cpu', or a catalog --device")
@@ -74,17 +76,27 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
     Args:
         model: a torch.nn.Module with example ``inputs`` (their first dimension is the batch) or a MODEL spec.
         budget: bytes or a size text such as "16GiB".
-        device: "cpu" or a catalog name (``nnmem devices``) whose usable memory is the budget.
+        device: "cpu", "cuda" or a catalog name (``nnmem devices``) whose usable memory is the budget. On a
+            CUDA device the batch is searched at the reserved level of nnmem's caching-allocator model.
         upper: the largest batch considered.
 
     Returns:
         The batch, the peak there and at the next batch, both from traces.
     """
-    _check(mode, optimizer, None, "cpu")
+    _check(mode, optimizer, None, device)
     budget_bytes, level = resolve_budget(budget, device)
     trace_at = _tracer(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                        input_shape=input_shape)
-    return search_max_batch(trace_at, budget_bytes, level, upper=upper, progress=progress)
+    peak_of: Callable[[Trace], int] | None = None
+    if level == "reserved":
+        from nnmem.cuda import cuda_target
+
+        cuda_device, frontend = cuda_target(device), _torch_frontend()
+
+        def peak_of(trace: Trace) -> int:
+            return int(frontend.cuda_level_peaks(trace, cuda_device)["reserved"])
+
+    return search_max_batch(trace_at, budget_bytes, level, upper=upper, progress=progress, peak_of=peak_of)
 
 
 def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", optimizer: Any = "sgd",

@@ -24,6 +24,7 @@ class Category(str, Enum):
     ACTIVATIONS = "activations"
     TEMPORARIES = "temporaries"
     WORKSPACE = "kernel workspace"
+    ALLOCATOR_CACHE = "allocator rounding and cache"
 
 
 class Phase(str, Enum):

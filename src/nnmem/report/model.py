@@ -189,7 +189,11 @@ def _breakdown(sim: Simulation, peaks: dict[str, int], level: str, *, overridden
     if not overridden and level in sim.breakdown:
         return dict(sim.breakdown[level])
     base = dict(sim.breakdown[Level.TENSOR.value])
-    extra = peaks[level] - sum(base.values())
+    top = peaks[level]
+    if level == Level.RESERVED.value:  # segments held beyond what was handed out: rounding and cache
+        base[Category.ALLOCATOR_CACHE.value] = top - peaks[Level.ALLOCATOR.value]
+        top = peaks[Level.ALLOCATOR.value]
+    extra = top - sum(v for k, v in base.items() if k != Category.ALLOCATOR_CACHE.value)
     if extra:
         key = Category.WORKSPACE.value
         base[key] = base.get(key, 0) + extra

@@ -228,14 +228,16 @@ def render_fits(fits: Iterable[tuple[str, FitResult]], *, budget_label: str, lev
     table.add_column("traces", justify="right", no_wrap=True)
     for mode, fit in fits:
         fits_none = fit.batch == 0
-        table.add_row(mode, f"{fit.batch:,}" if not fits_none else "none fits",
+        shown = "none fits" if fits_none else (f"≥ {fit.batch:,} (search limit)" if fit.at_limit else f"{fit.batch:,}")
+        table.add_row(mode, shown,
                       format_bytes(fit.peak_bytes) if not fits_none else "—",
                       format_bytes(fit.headroom_bytes) if not fits_none else "—",
-                      format_bytes(fit.next_peak_bytes), str(fit.traces))
+                      "—" if fit.at_limit else format_bytes(fit.next_peak_bytes), str(fit.traces))
     lines: list[RenderableType] = [f"largest batch that fits {budget_label} ({level} level)", table]
     by_mode = dict(fits)
     train, infer = by_mode.get("train"), by_mode.get("infer")
-    if train is not None and infer is not None and train.batch and infer.batch:
+    if (train is not None and infer is not None and train.batch and infer.batch
+            and not (train.at_limit or infer.at_limit)):
         lines.append(f"inference fits {infer.batch / train.batch:.1f}× the batch of training "
                      "(`nnmem explain` says why)")
     lines.append(IEC_NOTE)

@@ -73,6 +73,8 @@ class FitResult:
         budget_bytes: the budget, in bytes.
         traces: how many traces the search took.
         curve: the fitted curve, when the ops lined up.
+        at_limit: the search stopped at its ``upper`` batch with the peak still within the budget: the
+            largest batch is at least ``batch``.
     """
 
     batch: int
@@ -81,6 +83,7 @@ class FitResult:
     budget_bytes: int
     traces: int
     curve: BatchCurve | None
+    at_limit: bool = False
 
     @property
     def headroom_bytes(self) -> int:
@@ -111,7 +114,8 @@ def fit_curve(first: Trace, second: Trace, b1: int, b2: int, level: str) -> Batc
 
 
 def search_max_batch(trace_at: TraceAt, budget: int, level: str, *, upper: int = 1 << 20,
-                     progress: Callable[[str], None] | None = None) -> FitResult:
+                     progress: Callable[[str], None] | None = None,
+                     peak_of: Callable[[Trace], int] | None = None) -> FitResult:
     """Find the largest batch whose peak at ``level`` is <= ``budget``.
 
     Args:
@@ -120,6 +124,8 @@ def search_max_batch(trace_at: TraceAt, budget: int, level: str, *, upper: int =
         level: the level that decides an OOM ("allocator" on CPU).
         upper: largest batch considered.
         progress: called with a short message before each trace.
+        peak_of: the peak of a trace when it is not a simulated level (CUDA's reserved level, which
+            moves in whole segments and is not affine in the batch): the search then bisects over traces.
 
     Returns:
         The answer, checked by traces at ``batch`` and ``batch + 1``.
@@ -133,8 +139,10 @@ def search_max_batch(trace_at: TraceAt, budget: int, level: str, *, upper: int =
             if progress:
                 progress(f"tracing batch {batch}")
             cache[batch] = trace_at(batch)
-        return simulate(cache[batch]).peaks[level]
+        return peak_of(cache[batch]) if peak_of is not None else simulate(cache[batch]).peaks[level]
 
+    if peak_of is not None:
+        return _bisect(peak, budget, upper, None, cache)
     b1, b2 = 2, 4  # batch 1 is avoided: some kernels special-case it
     peak(b1)
     peak(b2)
@@ -175,5 +183,6 @@ def _bisect(peak: Callable[[int], int], budget: int, upper: int, curve: BatchCur
             lo = mid
         else:
             hi = mid
-    next_peak = peak(lo + 1) if lo + 1 <= upper else peak(lo)
-    return FitResult(lo, peak(lo), next_peak, budget, len(cache), curve)
+    if lo >= upper:
+        return FitResult(upper, peak(upper), peak(upper), budget, len(cache), curve, at_limit=True)
+    return FitResult(lo, peak(lo), peak(lo + 1), budget, len(cache), curve)

@@ -7,10 +7,12 @@ from typing import Any
 
 import torch
 
+from nnmem import cuda
 from nnmem.errors import ConfigError
 from nnmem.frontends.pytorch.step import fake_copy, optimizer_name, trace_fake_step
 from nnmem.loader import Built, build
 from nnmem.report.model import Report, report_from_trace
+from nnmem.trace import Trace
 
 __all__ = ["is_torch_model", "estimate_torch", "measure_torch", "build_torch", "shaped_inputs"]
 
@@ -64,9 +66,31 @@ def estimate_torch(model: torch.nn.Module, inputs: Any, *, mode: str, optimizer:
     trace = trace_fake_step(model, _as_tuple(inputs), mode=mode, optimizer=optimizer, loss_fn=loss_fn,
                             target=target, rules=_rules(), meta=meta)
     all_notes = list(notes)
+    target_cuda = cuda.cuda_target(device)
+    if target_cuda is not None:
+        trace = cuda.without_workspace(trace)
+        peaks = cuda_level_peaks(trace, target_cuda)
+        all_notes.append(cuda.NOT_VALIDATED)
+        return report_from_trace(trace, source="estimate", model=name, device=target_cuda.name, level="reserved",
+                                 overrides=peaks, notes=tuple(all_notes))
     if _rules() is None:
         all_notes.append("kernel workspace rules are not available: the allocator level equals the tensor level")
     return report_from_trace(trace, source="estimate", model=name, device=device, notes=tuple(all_notes))
+
+
+def cuda_level_peaks(trace: Trace, target: cuda.CudaTarget) -> dict[str, int]:
+    """Allocator and reserved peaks of a traced step on a CUDA device, in bytes."""
+    uses_cublas = any(op.name in _CUBLAS_OPS for op in trace.ops)
+    return cuda.cuda_peaks(cuda.without_workspace(trace), target, uses_cublas=uses_cublas)
+
+
+# Ops that run through cuBLAS on CUDA, whose first call allocates the handle's workspace from the caching
+# allocator (aten/src/ATen/cuda/CublasHandlePool.cpp getCurrentCUDABlasHandle); it stays for the process.
+_CUBLAS_OPS = frozenset(str(op) for op in (
+    torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+    torch.ops.aten.baddbmm.default, torch.ops.aten.addbmm.default, torch.ops.aten.mv.default,
+    torch.ops.aten.addmv.default,
+))
 
 
 def measure_torch(built: Built, *, mode: str, optimizer: Any, device: str, name: str, batch: int | None) -> Report:
