@@ -42,7 +42,7 @@ def measure_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, 
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target)
     allocator_peak = resident + allocator_rise(prof)
-    notes = ()
+    notes: tuple[str, ...] = ()
     if resident != trace.resident_bytes:
         notes = (f"live storages before the step: {resident} B counted directly, "
                  f"{trace.resident_bytes} B by the tracker",)

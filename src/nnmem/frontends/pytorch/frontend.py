@@ -61,8 +61,8 @@ def build_torch(factory: Callable[..., Any], batch: int, spec: str, *, meta: boo
 def estimate_torch(model: torch.nn.Module, inputs: Any, *, mode: str, optimizer: Any, loss_fn: Any, target: Any,
                    device: str, name: str, batch: int | None, notes: tuple[str, ...] = ()) -> Report:
     """Estimate a PyTorch step under FakeTensorMode."""
-    meta = {"optimizer": optimizer_name(optimizer) if mode == "train" else "", "batch": batch or _batch_of(inputs),
-            "torch": torch.__version__}
+    meta: dict[str, object] = {"optimizer": optimizer_name(optimizer) if mode == "train" else "",
+                               "batch": batch or _batch_of(inputs), "torch": torch.__version__}
     trace = trace_fake_step(model, _as_tuple(inputs), mode=mode, optimizer=optimizer, loss_fn=loss_fn,
                             target=target, rules=_rules(), meta=meta)
     all_notes = list(notes)
@@ -97,8 +97,8 @@ def measure_torch(built: Built, *, mode: str, optimizer: Any, device: str, name:
     """Run the step for real (call in a child process)."""
     from nnmem.measure.torch_run import measure_step
 
-    meta = {"optimizer": optimizer_name(optimizer) if mode == "train" else "",
-            "batch": batch or _batch_of(built.inputs), "torch": torch.__version__}
+    meta: dict[str, object] = {"optimizer": optimizer_name(optimizer) if mode == "train" else "",
+                               "batch": batch or _batch_of(built.inputs), "torch": torch.__version__}
     inputs = _as_tuple(built.inputs)
     if any(isinstance(t, torch.Tensor) and t.is_meta for t in inputs):
         inputs = fake_copy(inputs)

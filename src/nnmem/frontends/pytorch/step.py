@@ -50,9 +50,9 @@ def make_optimizer(optimizer: Any, params: list[torch.nn.Parameter]) -> torch.op
         return cls(params, **kwargs)
     if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
         try:
-            return optimizer(params, lr=1e-3)
+            return optimizer(params, lr=1e-3)  # type: ignore[call-arg]
         except TypeError:
-            return optimizer(params)
+            return optimizer(params)  # type: ignore[call-arg]
     raise ConfigError(
         f"expected an optimizer name ({', '.join(OPTIMIZER_NAMES)}) or a torch.optim.Optimizer subclass. "
         f"Received: {optimizer!r}"
@@ -239,10 +239,10 @@ def _register_resident(tracker: StepTracker, model: torch.nn.Module, inputs: tup
     for b in model.buffers():
         tracker.add_resident(b, Category.BUFFERS, owner.get(id(b), ""))
     if opt is not None:
-        for p, state in opt.state.items():
+        for param, state in opt.state.items():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    tracker.add_resident(value, Category.OPTIMIZER_STATE, owner.get(id(p), ""))
+                    tracker.add_resident(value, Category.OPTIMIZER_STATE, owner.get(id(param), ""))
     from torch.utils._pytree import tree_flatten
 
     for leaf in tree_flatten((inputs, target))[0]:

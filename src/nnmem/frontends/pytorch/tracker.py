@@ -7,6 +7,7 @@ learns of a storage's end from a weakref callback, which CPython runs the moment
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -125,7 +126,7 @@ class StepTracker(TorchDispatchMode):
             return out  # views and in-place ops: nothing to record; frees attach to the last op
         layer = self._current_layer()
         index = len(self._ops)
-        record = [str(func), self.phase, layer, 0, 0, workspace]
+        record: list[Any] = [str(func), self.phase, layer, 0, 0, workspace]
         self._ops.append(record)
         for i, tensor in fresh:
             nbytes = sizes[i] if sizes is not None else None
@@ -146,8 +147,11 @@ class StepTracker(TorchDispatchMode):
         block = len(self._blocks)
         self._blocks.append(_BlockState(nbytes, category, layer, phase, index))
         self._by_storage[key] = block
-        self._refs[key] = weakref.ref(storage, lambda _ref, key=key, block=block: self._freed(key, block))
+        self._refs[key] = weakref.ref(storage, functools.partial(self._on_storage_freed, key, block))
         return nbytes
+
+    def _on_storage_freed(self, key: int, block: int, _ref: Any) -> None:
+        self._freed(key, block)
 
     def _freed(self, key: int, block: int) -> None:
         self._by_storage.pop(key, None)

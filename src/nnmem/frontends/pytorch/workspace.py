@@ -55,7 +55,7 @@ def _mkldnn_conv(x: torch.Tensor, weight: torch.Tensor, groups: int) -> bool:
     fp32 NC(H)W input with batch > 1 on a build with mkldnn enabled; batch 1 with small kernels falls back
     to the im2col kernels, which this module does not model.
     """
-    return (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and x.dtype == torch.float32
+    return bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and x.dtype == torch.float32
             and x.dim() in (3, 4) and x.shape[0] > 1 and x.is_contiguous() and weight.dim() == x.dim())
 
 
