@@ -87,16 +87,23 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
     budget_bytes, level = resolve_budget(budget, device)
     trace_at = _tracer(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                        input_shape=input_shape)
-    peak_of: Callable[[Trace], int] | None = None
-    if level == "reserved":
-        from nnmem.cuda import cuda_target
+    return search_max_batch(trace_at, budget_bytes, level, upper=upper, progress=progress,
+                            peak_of=_cuda_peak_of(device))
 
-        cuda_device, frontend = cuda_target(device), _torch_frontend()
 
-        def peak_of(trace: Trace) -> int:
-            return int(frontend.cuda_level_peaks(trace, cuda_device)["reserved"])
+def _cuda_peak_of(device: str) -> Callable[[Trace], int] | None:
+    """On a CUDA device, the reserved peak of a trace (what decides an OOM there); else None."""
+    from nnmem.cuda import cuda_target
 
-    return search_max_batch(trace_at, budget_bytes, level, upper=upper, progress=progress, peak_of=peak_of)
+    cuda_device = cuda_target(device)
+    if cuda_device is None:
+        return None
+    frontend = _torch_frontend()
+
+    def peak_of(trace: Trace) -> int:
+        return int(frontend.cuda_level_peaks(trace, cuda_device)["reserved"])
+
+    return peak_of
 
 
 def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", optimizer: Any = "sgd",
@@ -124,7 +131,7 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
             from nnmem.errors import UnsupportedError
 
             raise UnsupportedError(f"{mode}: the step runs different ops at batch {b1} and {b2}")
-        fit = (search_max_batch(trace_at, budget_bytes, "allocator", progress=progress)
+        fit = (search_max_batch(trace_at, budget_bytes, "allocator", progress=progress, peak_of=_cuda_peak_of(device))
                if budget_bytes is not None else None)
         figures[mode] = mode_figures(mode, curve, trace_at(b1), trace_at(b2), batch, fit)
         if mode == "train":

@@ -249,6 +249,10 @@ def _per_sample_list(items: dict[str, int], limit: int = 4) -> str:
     return ", ".join(parts) or "nothing"
 
 
+def _fit_batch(fit: FitResult) -> str:
+    return f"at least {fit.batch:,} (the search limit)" if fit.at_limit else f"{fit.batch:,}"
+
+
 def render_explanation(exp: Explanation, *, model: str, width: int = 120) -> str:
     """Training next to inference in plain sentences with the model's own figures."""
     train, infer = exp.train, exp.infer
@@ -280,8 +284,8 @@ def render_explanation(exp: Explanation, *, model: str, width: int = 120) -> str
         lines_r = list(lines)
     if exp.budget_bytes is not None and train.fit is not None and infer.fit is not None:
         ratio = exp.batch_ratio
-        lines_r.append(f"Within {format_bytes(exp.budget_bytes)}: training fits batch {train.fit.batch:,}, "
-                       f"inference batch {infer.fit.batch:,}"
+        lines_r.append(f"Within {format_bytes(exp.budget_bytes)}: training fits batch {_fit_batch(train.fit)}, "
+                       f"inference batch {_fit_batch(infer.fit)}"
                        + (f" — {ratio:.1f}× more." if ratio is not None else "."))
     lines_r.append(IEC_NOTE)
     return _render(*lines_r, width=width)

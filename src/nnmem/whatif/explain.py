@@ -54,8 +54,10 @@ class Explanation:
 
     @property
     def batch_ratio(self) -> float | None:
-        """Inference max batch / training max batch, when both are known and non-zero."""
+        """Inference max batch / training max batch, when both are known and non-zero (not at the search limit)."""
         if self.train.fit is None or self.infer.fit is None or not self.train.fit.batch:
+            return None
+        if self.train.fit.at_limit or self.infer.fit.at_limit:
             return None
         return self.infer.fit.batch / self.train.fit.batch
 
