@@ -11,11 +11,12 @@ tensor level within 0.5 % on every case; allocator level median <= 2 %, max <= 1
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
+
+from _common import zoo_parser  # benchmarks/ is the script's directory, first on sys.path
 
 import nnmem
 from nnmem import zoo
@@ -41,10 +42,7 @@ def run_case(name: str, mode: str, optimizer: str, batch: int = zoo.DEFAULT_BATC
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(n for n in zoo.names() if n in zoo.ACCURACY_ZOO))
-    parser.add_argument("--batch", type=int, default=zoo.DEFAULT_BATCH)
-    parser.add_argument("--json", dest="json_path")
+    parser = zoo_parser(__doc__)
     args = parser.parse_args(argv)
     rows = []
     header = (f"{'model':22s} {'mode':5s} {'optimizer':9s} {'est tensor':>12s} {'meas tensor':>12s} {'err':>8s}"

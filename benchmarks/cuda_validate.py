@@ -17,10 +17,11 @@ printed on a lent GPU are committed in ``benchmarks/results/`` with the command 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
+
+from _common import zoo_parser  # benchmarks/ is the script's directory, first on sys.path
 
 import nnmem
 from nnmem import zoo
@@ -58,10 +59,7 @@ def measure_cuda(name: str, batch: int, mode: str, optimizer: str) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(zoo.ACCURACY_ZOO))
-    parser.add_argument("--batch", type=int, default=zoo.DEFAULT_BATCH)
-    parser.add_argument("--json", dest="json_path")
+    parser = zoo_parser(__doc__)
     args = parser.parse_args(argv)
     import torch
 

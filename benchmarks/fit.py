@@ -11,12 +11,12 @@ lands at a different batch for every model; the table prints them in bytes, so e
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from _common import zoo_parser  # benchmarks/ is the script's directory, first on sys.path
+
 import nnmem
-from nnmem import zoo
 
 CONFIGS = (("train", "adam"), ("infer", "sgd"))
 
@@ -33,10 +33,8 @@ def run_case(name: str, mode: str, optimizer: str, budget: int) -> dict[str, obj
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(zoo.ACCURACY_ZOO))
+    parser = zoo_parser(__doc__, batch=False)
     parser.add_argument("--factors", default="1.3,2.2,3.7")
-    parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     factors = [float(f) for f in args.factors.split(",")]
     header = (f"{'model':20s} {'mode':5s} {'budget B':>12s} {'batch':>6s} {'traces':>6s} {'measured(b) B':>14s} "

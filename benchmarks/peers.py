@@ -12,15 +12,15 @@ process per case, so that its crash (it raises on some models) is reported as su
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 from typing import Any
 
+from _common import zoo_parser  # benchmarks/ is the script's directory, first on sys.path
+
 import nnmem
-from nnmem import zoo
 
 CONFIGS = (("train", "adam"), ("infer", "sgd"))
 
@@ -75,10 +75,7 @@ def _fmt(err: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(zoo.ACCURACY_ZOO))
-    parser.add_argument("--batch", type=int, default=zoo.DEFAULT_BATCH)
-    parser.add_argument("--json", dest="json_path")
+    parser = zoo_parser(__doc__)
     args = parser.parse_args(argv)
     header = (f"{'model':20s} {'mode':5s} {'measured tensor':>15s} {'measured alloc':>15s} {'nnmem vs tensor':>15s} "
               f"{'nnmem vs alloc':>15s} {'MemTracker vs tensor':>20s} {'MemTracker vs alloc':>20s}")
