@@ -90,6 +90,7 @@ def cuda_peaks(trace: Trace, target: CudaTarget, *, uses_cublas: bool,
 
     The allocator level is ``max_memory_allocated`` (block sizes rounded to 512 B, plus the cuBLAS
     workspace when the step multiplies matrices); reserved is ``max_memory_reserved`` (whole segments).
+    Only the trace's blocks are replayed: the ops' CPU kernel scratch (``Op.workspace``) plays no part.
     """
     workspace = cublas_workspace_bytes(target.compute_capability) if uses_cublas else 0
     peaks = simulate_cuda_caching(cuda_events(trace, resident_extra=workspace),

@@ -17,7 +17,7 @@ from nnmem.devices import Device
 from nnmem.report.compare import Comparison
 from nnmem.report.model import LayerRow, Report
 from nnmem.units import format_bytes
-from nnmem.whatif.batch import FitResult
+from nnmem.whatif.batch import FitResult, batch_ratio
 from nnmem.whatif.explain import Explanation
 
 __all__ = [
@@ -236,10 +236,9 @@ def render_fits(fits: Iterable[tuple[str, FitResult]], *, budget_label: str, lev
     lines: list[RenderableType] = [f"largest batch that fits {budget_label} ({level} level)", table]
     by_mode = dict(fits)
     train, infer = by_mode.get("train"), by_mode.get("infer")
-    if (train is not None and infer is not None and train.batch and infer.batch
-            and not (train.at_limit or infer.at_limit)):
-        lines.append(f"inference fits {infer.batch / train.batch:.1f}× the batch of training "
-                     "(`nnmem explain` says why)")
+    ratio = batch_ratio(train, infer)
+    if ratio is not None:
+        lines.append(f"inference fits {ratio:.1f}× the batch of training (`nnmem explain` says why)")
     lines.append(IEC_NOTE)
     return _render(*lines, width=width)
 

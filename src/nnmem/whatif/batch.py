@@ -91,6 +91,13 @@ class FitResult:
         return self.budget_bytes - self.peak_bytes
 
 
+def batch_ratio(train: FitResult | None, infer: FitResult | None) -> float | None:
+    """Inference max batch / training max batch, when both are known, non-zero and not at the search limit."""
+    if train is None or infer is None or not train.batch or not infer.batch or train.at_limit or infer.at_limit:
+        return None
+    return infer.batch / train.batch
+
+
 def _series(sim: Simulation, level: str) -> tuple[int, ...]:
     return sim.tensor_live if level == "tensor" else sim.allocator_live
 

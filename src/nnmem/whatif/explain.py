@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from nnmem.simulate import _live_at
 from nnmem.trace import Category, Trace
-from nnmem.whatif.batch import BatchCurve, FitResult
+from nnmem.whatif.batch import BatchCurve, FitResult, batch_ratio
 
 __all__ = ["ModeFigures", "Explanation", "mode_figures", "deciding_op"]
 
@@ -54,12 +54,8 @@ class Explanation:
 
     @property
     def batch_ratio(self) -> float | None:
-        """Inference max batch / training max batch, when both are known and non-zero (not at the search limit)."""
-        if self.train.fit is None or self.infer.fit is None or not self.train.fit.batch:
-            return None
-        if self.train.fit.at_limit or self.infer.fit.at_limit:
-            return None
-        return self.infer.fit.batch / self.train.fit.batch
+        """Inference max batch / training max batch, when both are known, non-zero and not at the search limit."""
+        return batch_ratio(self.train.fit, self.infer.fit)
 
     @property
     def per_sample_ratio(self) -> float:

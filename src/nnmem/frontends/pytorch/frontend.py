@@ -79,9 +79,9 @@ def estimate_torch(model: torch.nn.Module, inputs: Any, *, mode: str, optimizer:
 
 
 def cuda_level_peaks(trace: Trace, target: cuda.CudaTarget) -> dict[str, int]:
-    """Allocator and reserved peaks of a traced step on a CUDA device, in bytes."""
+    """Allocator and reserved peaks of a traced step on a CUDA device, in bytes (CPU scratch rules ignored)."""
     uses_cublas = any(op.name in _CUBLAS_OPS for op in trace.ops)
-    return cuda.cuda_peaks(cuda.without_workspace(trace), target, uses_cublas=uses_cublas)
+    return cuda.cuda_peaks(trace, target, uses_cublas=uses_cublas)
 
 
 # Ops that run through cuBLAS on CUDA, whose first call allocates the handle's workspace from the caching
