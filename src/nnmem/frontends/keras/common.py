@@ -1,0 +1,233 @@
+"""What every Keras backend shares: the optimizer names, preparing a model for a step, its variables.
+
+A Keras step is ``model.train_on_batch(x, y)`` with the model's compiled optimizer and loss (or the ones
+given), or ``model.predict_on_batch(x)``. Steady state means the model is built, the optimizer has built
+its state for the trainable variables and the compiled metrics exist — as after a first ``fit`` batch.
+Building the optimizer's state allocates it for real (a Keras optimizer creates its variables eagerly);
+everything batch-sized is left to the backend's tracer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import numpy as np
+
+from nnmem.errors import ConfigError, TraceError
+from nnmem.trace import Category, LayerInfo
+
+__all__ = ["OPTIMIZERS", "KerasStep", "backend_name", "is_keras_model", "layer_infos", "make_optimizer",
+           "optimizer_label", "prepare", "resident_variables", "variable_nbytes", "array_nbytes", "flat_arrays"]
+
+OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sgd": ("SGD", {}),
+    "momentum": ("SGD", {"momentum": 0.9}),
+    "adam": ("Adam", {}),
+    "adamw": ("AdamW", {}),
+    "rmsprop": ("RMSprop", {}),
+    "adagrad": ("Adagrad", {}),
+    "adadelta": ("Adadelta", {}),
+    "adamax": ("Adamax", {}),
+    "nadam": ("Nadam", {}),
+    "lion": ("Lion", {}),
+    "ftrl": ("Ftrl", {}),
+    "adafactor": ("Adafactor", {}),
+}
+"""nnmem's optimizer names → Keras optimizer class name and arguments (Keras defaults otherwise)."""
+
+
+def backend_name() -> str:
+    """The Keras backend in this process: "torch", "jax" or "tensorflow"."""
+    return str(keras.backend.backend())
+
+
+def is_keras_model(model: Any) -> bool:
+    return isinstance(model, keras.Model)
+
+
+def make_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
+    """A Keras optimizer for a name, a Keras optimizer class or instance."""
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return optimizer
+    if isinstance(optimizer, str):
+        key = optimizer.lower()
+        if key not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {optimizer!r}: expected one of {', '.join(OPTIMIZERS)} "
+                              "or a keras.optimizers.Optimizer")
+        cls_name, kwargs = OPTIMIZERS[key]
+        return getattr(keras.optimizers, cls_name)(**kwargs)
+    if isinstance(optimizer, type) and issubclass(optimizer, keras.optimizers.Optimizer):
+        return optimizer()
+    raise ConfigError(f"expected an optimizer name ({', '.join(OPTIMIZERS)}) or a keras.optimizers.Optimizer. "
+                      f"Received: {optimizer!r}")
+
+
+def optimizer_label(model: keras.Model) -> str:
+    """Display name of the compiled optimizer, e.g. "adam" or "LossScaleOptimizer(adam)"."""
+    opt = getattr(model, "optimizer", None)
+    if opt is None:
+        return ""
+    inner = getattr(opt, "inner_optimizer", None)
+    if inner is not None:
+        return f"LossScaleOptimizer({type(inner).__name__.lower()})"
+    name = type(opt).__name__.lower()
+    if name == "sgd" and float(getattr(opt, "momentum", 0.0) or 0.0) > 0:
+        return "momentum"
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class KerasStep:
+    """A prepared step: the model (compiled, built, optimizer state built) and its data.
+
+    Attributes:
+        model: the Keras model.
+        x: the inputs as given (numpy arrays or backend tensors, a structure of them).
+        y: the targets (None for inference).
+        mode: "train" or "infer".
+        batch: the leading dimension of the inputs.
+    """
+
+    model: Any
+    x: Any
+    y: Any
+    mode: str
+    batch: int | None
+
+
+def flat_arrays(value: Any) -> list[Any]:
+    """The array leaves of a structure (anything with ``shape`` and ``dtype``)."""
+    return [leaf for leaf in keras.tree.flatten(value) if hasattr(leaf, "shape") and hasattr(leaf, "dtype")]
+
+
+def array_nbytes(value: Any) -> int:
+    """Bytes of an array-like (numpy, backend tensor, Keras variable, shape struct)."""
+    shape = tuple(int(d) for d in value.shape)
+    dtype = keras.backend.standardize_dtype(value.dtype)
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype if dtype != "bfloat16" else "float16").itemsize
+
+
+def variable_nbytes(variable: Any) -> int:
+    return array_nbytes(variable)
+
+
+def _batch_of(x: Any) -> int | None:
+    leaves = flat_arrays(x)
+    return int(leaves[0].shape[0]) if leaves and len(leaves[0].shape) else None
+
+
+def prepare(model: Any, x: Any, y: Any, *, mode: str, optimizer: Any = None, loss: Any = None) -> KerasStep:
+    """Compile (when needed), build the model and the optimizer's state; nothing batch-sized is allocated.
+
+    Args:
+        model: a Keras 3 model (Sequential, functional or subclassed).
+        x: the inputs; y: the targets (required for a train step).
+        mode: "train" or "infer".
+        optimizer: overrides the compiled optimizer (a name, class or instance); None keeps it.
+        loss: overrides the compiled loss; None keeps it.
+
+    Raises:
+        ConfigError: a train step of a model with no loss, no target or no trainable variables.
+    """
+    if x is None:
+        raise ConfigError("expected inputs x: an array (or a structure of arrays) the model is called with")
+    if mode == "train":
+        if y is None:
+            raise ConfigError("a Keras train step needs a target: pass target=y (the y of train_on_batch)")
+        if optimizer is not None or loss is not None or not model.compiled:
+            compiled_loss = getattr(model, "loss", None) if model.compiled else None
+            use_loss = loss if loss is not None else compiled_loss
+            if use_loss is None:
+                raise ConfigError("the Keras model is not compiled with a loss: compile it, or pass loss_fn= "
+                                  "(a Keras loss name such as 'mse' or a loss object)")
+            use_opt = make_optimizer(optimizer if optimizer is not None else
+                                     (model.optimizer if model.compiled and model.optimizer is not None else "sgd"))
+            model.compile(optimizer=use_opt, loss=use_loss)
+        if not model.trainable_variables and model.built:
+            raise ConfigError("mode='train' needs trainable variables, but every layer of the model is frozen")
+    _build(model, x)
+    if mode == "train":
+        if not model.trainable_variables:
+            raise ConfigError("mode='train' needs trainable variables, but every layer of the model is frozen")
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+    return KerasStep(model, x, y, mode, _batch_of(x))
+
+
+def _build(model: Any, x: Any) -> None:
+    if model.built and all(getattr(layer, "built", True) for layer in model._flatten_layers()):
+        return
+    shapes = keras.tree.map_structure(lambda a: tuple(int(d) for d in a.shape), x)
+    try:  # a symbolic call builds every layer (allocating its variables only), also in subclassed models
+        model(keras.tree.map_structure(lambda a: keras.KerasTensor((None, *a.shape[1:]), dtype=str(a.dtype)), x))
+    except Exception as err:  # a subclassed model whose build() cannot infer the graph
+        raise TraceError(f"the Keras model could not be built for inputs {shapes}: {type(err).__name__}: "
+                         f"{str(err).strip().splitlines()[0] if str(err).strip() else ''} — call the model once "
+                         "(or model.build(input_shape)) before estimating") from err
+
+
+def _walk(model: Any) -> Iterator[tuple[str, Any]]:
+    """(path, layer) for the model's layers, outermost first; paths are Keras layer paths."""
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        yield str(getattr(layer, "path", layer.name)), layer
+
+
+def layer_infos(model: Any) -> tuple[LayerInfo, ...]:
+    """Per-layer static facts: the variables each layer owns directly (shared ones counted once)."""
+    seen: set[int] = set()
+    infos = []
+    for path, layer in _walk(model):
+        count = nbytes = 0
+        shapes = []
+        own = [*layer._trainable_variables, *layer._non_trainable_variables]
+        for v in own:
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            n = int(np.prod(v.shape, dtype=np.int64))
+            count += n
+            nbytes += variable_nbytes(v)
+            shapes.append(tuple(int(d) for d in v.shape))
+        infos.append(LayerInfo(path, type(layer).__name__, count, nbytes, 0, tuple(shapes)))
+    return tuple(infos)
+
+
+def variable_owner(model: Any) -> dict[int, str]:
+    """id of each variable → path of the layer that owns it directly."""
+    owner: dict[int, str] = {}
+    for path, layer in _walk(model):
+        for v in [*layer._trainable_variables, *layer._non_trainable_variables]:
+            owner.setdefault(id(v), path)
+    return owner
+
+
+def resident_variables(model: Any, mode: str) -> list[tuple[Any, Category, str]]:
+    """Every variable live before the step: (variable, category, owning layer path), each once.
+
+    Trainable variables are parameters; non-trainable ones (BatchNorm moving statistics, frozen
+    layers' weights, the seed generator's state) are buffers; the optimizer's variables (slots,
+    iteration counter, learning rate, loss scale) are optimizer state; metric variables are buffers.
+    """
+    owner = variable_owner(model)
+    seen: set[int] = set()
+    out: list[tuple[Any, Category, str]] = []
+
+    def add(v: Any, category: Category, layer: str = "") -> None:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append((v, category, layer or owner.get(id(v), "")))
+
+    for v in model.trainable_variables:
+        add(v, Category.PARAMETERS)
+    for v in model.non_trainable_variables:
+        add(v, Category.BUFFERS)
+    if mode == "train" and getattr(model, "optimizer", None) is not None:
+        for v in model.optimizer.variables:
+            add(v, Category.OPTIMIZER_STATE)
+    if mode == "train":
+        for v in model.metrics_variables:
+            add(v, Category.BUFFERS)
+    return out
