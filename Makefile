@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: a CPU build of 2.13.0 is what this project is tested with; an unpinned
 	# torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[torch,dev]'
+	$(BIN)/pip install --quiet -e '.[torch,keras,jax,tensorflow,dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -22,8 +22,12 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/nnmem estimate mlp --batch 32 --optimizer adam
 
+# Keras fixes its backend at import: tests/keras runs once per backend, each in its own process.
 test: setup
 	$(BIN)/python -m pytest -q
+	KERAS_BACKEND=torch $(BIN)/python -m pytest -q -p no:cacheprovider tests/keras
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -q -p no:cacheprovider tests/keras
+	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -q -p no:cacheprovider tests/keras
 
 accuracy: setup
 	$(BIN)/python benchmarks/accuracy.py

@@ -227,7 +227,11 @@ def test_bad_batch(batch: str) -> None:
 
 
 def test_unknown_optimizer() -> None:
-    assert_user_error(invoke("estimate", "mlp", "--optimizer", "lion"), "--optimizer", "lion", "adam")
+    assert_user_error(invoke("estimate", "mlp", "--optimizer", "lamb"), "--optimizer", "lamb", "adam")
+
+
+def test_keras_only_optimizer_on_a_torch_model_is_a_clear_error() -> None:
+    assert_user_error(invoke("estimate", "mlp", "--optimizer", "lion"), "unknown optimizer 'lion'", "torch.optim")
 
 
 def test_unknown_mode() -> None:

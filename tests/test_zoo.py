@@ -12,7 +12,7 @@ from nnmem import zoo
 from nnmem.errors import ModelLoadError
 from nnmem.loader import resolve_factory
 
-SMALL = [name for name in zoo.names() if name != "gpt2_small"]
+SMALL = [name for name in zoo.names() if name != "gpt2_small" and name not in zoo.KERAS]
 
 
 def test_importing_the_zoo_does_not_import_torch() -> None:
@@ -24,11 +24,13 @@ def test_importing_the_zoo_does_not_import_torch() -> None:
 def test_registry_is_consistent() -> None:
     assert zoo.names()[0] == "mlp"
     assert set(zoo.names()) == set(zoo.BUILTIN)
-    assert set(zoo.ACCURACY_ZOO) == set(zoo.names()) - {"gpt2_small"}
+    assert set(zoo.ACCURACY_ZOO) == set(zoo.names()) - {"gpt2_small"} - set(zoo.KERAS)
     for name in zoo.names():
-        assert zoo.BUILTIN[name].startswith("nnmem.zoo.torch_models:")
+        module = "nnmem.zoo.keras_models:" if name in zoo.KERAS else "nnmem.zoo.torch_models:"
+        assert zoo.BUILTIN[name].startswith(module)
         assert zoo.describe(name) and "\n" not in zoo.describe(name)
-        assert callable(zoo.resolve(name))
+        if name not in zoo.KERAS:  # importing Keras fixes its backend; the Keras zoo is tested in tests/keras
+            assert callable(zoo.resolve(name))
     assert zoo.DEFAULT_BATCH > 0
 
 
@@ -48,7 +50,7 @@ def test_mlp_is_the_classic_example() -> None:
     assert loss_fn(model(*inputs), target).dim() == 0
 
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", [n for n in zoo.names() if n not in zoo.KERAS])
 def test_factory_builds_on_meta(name: str) -> None:
     with torch.device("meta"):
         model, inputs, target, loss_fn = zoo.resolve(name)(2)

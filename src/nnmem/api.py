@@ -16,10 +16,13 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad")
 
 
 def _check(mode: str, optimizer: Any, batch: int | None, device: str) -> None:
+    from nnmem.frontends.keras_names import KERAS_OPTIMIZERS
+
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}: expected 'train' or 'infer'")
-    if isinstance(optimizer, str) and optimizer.lower() not in OPTIMIZERS:
+    if isinstance(optimizer, str) and optimizer.lower() not in (*OPTIMIZERS, *KERAS_OPTIMIZERS):
         raise ConfigError(f"unknown optimizer {optimizer!r}: expected one of {', '.join(OPTIMIZERS)} "
+                          f"(Keras also: {', '.join(k for k in KERAS_OPTIMIZERS if k not in OPTIMIZERS)}) "
                           "or an optimizer class")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0):
         raise ConfigError(f"expected batch as a positive integer. Received: batch={batch!r}")
@@ -28,6 +31,37 @@ def _check(mode: str, optimizer: Any, batch: int | None, device: str) -> None:
     from nnmem.cuda import cuda_target
 
     cuda_target(device)  # an unknown name or a non-CUDA accelerator fails here, with the reason
+
+
+def _keras_frontend() -> Any:
+    try:
+        return importlib.import_module("nnmem.frontends.keras.frontend")
+    except ModuleNotFoundError as err:
+        if err.name in ("keras", "jax", "jaxlib", "tensorflow"):
+            raise MissingFrameworkError(
+                f"{err.name} is not installed: pip install 'nnmem[keras]' and the backend's extra "
+                "('nnmem[jax]', 'nnmem[tensorflow]' or 'nnmem[torch]')") from err
+        raise
+
+
+def _is_keras(model: Any) -> bool:
+    return type(model).__module__.split(".")[0] in ("keras", "tf_keras") or any(
+        c.__module__.split(".")[0] == "keras" for c in type(model).__mro__)
+
+
+def _keras_factory(spec: str) -> Callable[..., Any] | None:
+    """The factory of a MODEL spec when it builds a Keras model (its module imports keras), else None."""
+    from nnmem import zoo
+    from nnmem.loader import resolve_factory
+
+    if spec in zoo.KERAS:
+        return zoo.resolve(spec)
+    if spec.endswith(".keras"):
+        return None
+    factory = resolve_factory(spec)
+    module_globals = getattr(factory, "__globals__", {})
+    uses_keras = any(getattr(v, "__name__", "").split(".")[0] == "keras" for v in module_globals.values())
+    return factory if uses_keras else None
 
 
 def _torch_frontend() -> Any:
@@ -73,19 +107,23 @@ def _shapes(input_shape: Any) -> tuple[tuple[int, ...], ...]:
     return shapes
 
 
-def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = "sgd",
+def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
              loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
              batch: int | None = None, input_shape: Any = None) -> Report:
     """Estimate the peak memory of one training or inference step, without allocating it.
 
     Args:
         model: a ``torch.nn.Module`` (used for its structure only: parameters are replaced by fake
-            tensors while tracing), or a MODEL spec string — a built-in example name,
+            tensors while tracing), a Keras 3 model (train step = ``train_on_batch(x, y)``, infer =
+            ``predict_on_batch(x)``, on this process's ``KERAS_BACKEND``), a ``.keras`` file, or a MODEL
+            spec string — a built-in example name,
             ``"file.py:factory"`` or ``"package.module:factory"``, called as ``factory(batch)`` under
             the meta device.
         inputs: a tensor or a tuple of tensors (the model is called as ``model(*inputs)``).
         mode: "train" (zero_grad, forward, loss, backward, optimizer step, in steady state) or "infer".
-        optimizer: "sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad" or an optimizer class.
+        optimizer: "sgd", "momentum", "adam", "adamw", "rmsprop", "adagrad" or an optimizer class; None
+            means "sgd" for PyTorch and the compiled optimizer for a Keras model (Keras also takes "lion",
+            "nadam", "adamax", "adadelta", "ftrl", "adafactor" and Keras optimizer instances).
         loss_fn: ``loss_fn(out, target)``; default: mean of the output.
         target: the loss target, live throughout the step.
         device: the target device: "cpu", "cuda" or a CUDA GPU from the catalog (``nnmem devices``). On CUDA
@@ -102,7 +140,26 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
     """
     _check(mode, optimizer, batch, device)
     notes: list[str] = []
-    name = model if isinstance(model, str) else type(model).__name__
+    name = model if isinstance(model, str) else getattr(model, "name", None) if _is_keras(model) else None
+    name = name or type(model).__name__
+    if isinstance(model, str) and model.endswith(".keras"):
+        model = _load_keras_file(model)
+    if isinstance(model, str) and (factory := _keras_factory(model)) is not None:
+        keras_frontend = _keras_frontend()
+        model, x, y, loss = keras_frontend.from_factory(factory, batch or 1)
+        inputs = inputs if inputs is not None else x
+        target = target if target is not None else y
+        loss_fn = loss_fn if loss_fn is not None else loss
+    if _is_keras(model):
+        if inputs is None and input_shape:
+            inputs = _zeros(batch or 1, _shapes(input_shape))
+        if inputs is None:
+            inputs, target, note = _keras_example_data(model, batch or 1, mode, target)
+            notes.append(note)
+        return _keras_frontend().estimate_keras(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn,
+                                                target=target, device=device, name=name, batch=batch,
+                                                notes=tuple(notes))
+    optimizer = "sgd" if optimizer is None else optimizer
     if isinstance(model, str):
         model, inputs_, target_, loss_, notes = _from_spec(model, batch, input_shape, meta=True)
         inputs = inputs if inputs is not None else inputs_
@@ -115,7 +172,7 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
                                    device=device, name=name, batch=batch, notes=tuple(notes))
 
 
-def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = "sgd",
+def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
             loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
             batch: int | None = None, input_shape: Any = None, timeout_s: float | None = None) -> Report:
     """Run the step for real in a child process and report what it used, at every level.
@@ -130,7 +187,20 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     if device.strip().lower() != "cpu":
         raise UnsupportedError(f"measuring on device {device!r}: this version measures CPU steps only "
                                "(device='cpu'); benchmarks/cuda_validate.py measures on a GPU")
-    name = model if isinstance(model, str) else type(model).__name__
+    name = model if isinstance(model, str) else getattr(model, "name", None) if _is_keras(model) else None
+    name = name or type(model).__name__
+    if isinstance(model, str) and model.endswith(".keras"):
+        model = _load_keras_file(model)
+    factory = _keras_factory(model) if isinstance(model, str) else None
+    if factory is not None or _is_keras(model):
+        if inputs is None and input_shape:
+            inputs = _zeros(batch or 1, _shapes(input_shape))
+        if factory is None and inputs is None:
+            inputs, target, _ = _keras_example_data(model, batch or 1, mode, target)
+        return _keras_frontend().measure_keras(None if factory else model, inputs, mode=mode, optimizer=optimizer,
+                                               loss_fn=loss_fn, target=target, device=device, name=name,
+                                               batch=batch, timeout_s=timeout_s, factory=factory)
+    optimizer = "sgd" if optimizer is None else optimizer
     spec = model if isinstance(model, str) else None
     frontend = _torch_frontend() if spec else _dispatch(model)
     if spec is None and inputs is None:
@@ -148,10 +218,68 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     return Report.from_dict(run_in_child(work, timeout_s=timeout_s))
 
 
+def _zeros(batch: int, shapes: tuple[tuple[int, ...], ...]) -> Any:
+    import numpy as np
+
+    arrays = [np.zeros((batch, *s), "float32") for s in shapes]
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def _keras_example_data(model: Any, batch: int, mode: str, target: Any) -> tuple[Any, Any, str]:
+    """Zero inputs (and a zero target) of ``batch`` from a Keras model's own input and output shapes."""
+    import numpy as np
+
+    model_inputs = getattr(model, "inputs", None)
+    try:
+        shapes = [tuple(t.shape) for t in model_inputs] if model_inputs else []
+    except (AttributeError, ValueError):
+        shapes = []
+    if not shapes or any(d is None for s in shapes for d in s[1:]):
+        raise ConfigError("the Keras model does not declare its input shape: give inputs, or --input-shape D1,D2,...")
+    x = [np.zeros((batch, *s[1:]), dtype=str(t.dtype)) for s, t in zip(shapes, model_inputs)]
+    if mode == "train" and target is None:
+        out = model.outputs[0]
+        loss = str(getattr(model, "loss", "") or "")
+        if "sparse" in loss.lower():  # class indices, one per sample (and per position)
+            target = np.zeros((batch, *tuple(out.shape)[1:-1]), dtype="int32")
+        else:
+            target = np.zeros((batch, *tuple(out.shape)[1:]), dtype="float32")
+    note = (f"inputs: zeros of the model's declared input shape{'s' if len(x) > 1 else ''} at batch {batch}"
+            + ("; target: zeros shaped for the compiled loss" if mode == "train" else ""))
+    return (x[0] if len(x) == 1 else x), target, note
+
+
+def _load_keras_file(path: str) -> Any:
+    """Load a ``.keras`` file with ``safe_mode=True``: a Lambda layer's code is refused, not run."""
+    from pathlib import Path
+
+    from nnmem.errors import ModelLoadError
+
+    if not Path(path).is_file():
+        raise ModelLoadError(f"model file not found: {path}")
+    _keras_frontend()
+    import keras
+
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # Keras warns that a saved optimizer's slots are rebuilt; they are
+            warnings.simplefilter("ignore")
+            return keras.saving.load_model(path, safe_mode=True, compile=True)
+    except ValueError as err:
+        text = str(err)
+        if "safe_mode" in text or "Lambda" in text or "lambda" in text:
+            raise ModelLoadError(f"refusing to load {path}: it contains a Lambda layer whose code would run on "
+                                 "load (Keras safe_mode). Rebuild the model in a factory 'file.py:factory' "
+                                 "you trust instead") from err
+        raise ModelLoadError(f"cannot load {path}: {text.strip().splitlines()[0] if text.strip() else err}") from err
+    except Exception as err:
+        raise ModelLoadError(f"cannot load {path}: {type(err).__name__}: {err}") from err
+
+
 def _dispatch(model: Any) -> Any:
-    module = type(model).__module__.split(".")[0]
-    if module in ("keras", "tensorflow", "tf_keras"):
-        raise UnsupportedError("Keras models are not supported by this version yet; pass a torch.nn.Module")
+    if _is_keras(model):
+        return _keras_frontend()
     frontend = _torch_frontend()
     if frontend.is_torch_model(model):
         return frontend

@@ -20,6 +20,11 @@ import click
 
 import nnmem
 from nnmem.api import MODES, OPTIMIZERS
+from nnmem.frontends.keras_names import KERAS_OPTIMIZERS
+
+_ALL_OPTIMIZERS = tuple(dict.fromkeys((*OPTIMIZERS, *KERAS_OPTIMIZERS)))
+_OPTIMIZER_HELP = ("Optimizer whose state a training step keeps. Default: sgd for PyTorch models, the compiled "
+                   "one for Keras models (Keras-only: " + ", ".join(k for k in KERAS_OPTIMIZERS if k not in OPTIMIZERS) + ").")
 from nnmem.report.text import (
     render_budget,
     render_comparison,
@@ -93,8 +98,8 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "Needed when the factory returns only a model."),
         click.option("--mode", type=click.Choice(MODES, case_sensitive=False), default="train", show_default=True,
                      help="Training step or inference."),
-        click.option("--optimizer", type=click.Choice(OPTIMIZERS, case_sensitive=False), default="sgd",
-                     show_default=True, help="Optimizer whose state a training step keeps."),
+        click.option("--optimizer", type=click.Choice(_ALL_OPTIMIZERS, case_sensitive=False), default=None,
+                     help=_OPTIMIZER_HELP),
         click.option("--device", default="cpu", show_default=True, help="Target device."),
         click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
                      help="Memory budget, e.g. 16GiB or 16 GB: say whether the peak fits."),
@@ -105,10 +110,14 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _step_kwargs(batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str,
+def _step_kwargs(batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
                  device: str) -> dict[str, Any]:
     return {"batch": batch, "input_shape": input_shape or None, "mode": mode.lower(),
-            "optimizer": optimizer.lower(), "device": device}
+            "optimizer": _opt(optimizer), "device": device}
+
+
+def _opt(optimizer: str | None) -> str | None:
+    return optimizer.lower() if optimizer else None
 
 
 def _width() -> int:
@@ -153,7 +162,7 @@ def cli() -> None:
 
 @cli.command()
 @_step_options
-def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str,
+def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
              device: str, budget: int | None, as_json: bool) -> None:
     """Estimate the peak memory of one step of MODEL, without running it.
 
@@ -175,7 +184,7 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
 @_step_options
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
               metavar="SECONDS", help="Kill the measuring child process after this many seconds.")
-def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str,
+def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
             device: str, budget: int | None, as_json: bool, timeout_s: float | None) -> None:
     """Estimate MODEL's step, run it for real in a child process, and compare the two.
 
@@ -233,8 +242,8 @@ def _fit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="A catalog device (see `nnmem devices`) whose usable memory is the budget."),
         click.option("--input-shape", "input_shape", type=ShapeType(), multiple=True, metavar="D1,D2,...",
                      help="Input shape without the batch; repeat once per input."),
-        click.option("--optimizer", type=click.Choice(OPTIMIZERS, case_sensitive=False), default="sgd",
-                     show_default=True, help="Optimizer whose state a training step keeps."),
+        click.option("--optimizer", type=click.Choice(_ALL_OPTIMIZERS, case_sensitive=False), default=None,
+                     help=_OPTIMIZER_HELP),
         click.option("--json", "as_json", is_flag=True, help="Print only JSON."),
     ]
     for option in reversed(options):
@@ -253,7 +262,7 @@ def _need_budget(budget: int | None, device: str) -> None:
 @_fit_options
 @click.option("--mode", type=click.Choice((*MODES, "both"), case_sensitive=False), default="both", show_default=True,
               help="Which step to fit.")
-def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...], optimizer: str,
+def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...], optimizer: str | None,
         as_json: bool, mode: str) -> None:
     """The largest batch of MODEL that fits a budget, for training and for inference side by side.
 
@@ -263,12 +272,12 @@ def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[in
     modes = MODES if mode.lower() == "both" else (mode.lower(),)
     results = []
     for m in modes:
-        result = nnmem.max_batch(model, budget=budget, device=device, mode=m, optimizer=optimizer.lower(),
+        result = nnmem.max_batch(model, budget=budget, device=device, mode=m, optimizer=_opt(optimizer),
                                  input_shape=input_shape or None, progress=_progress())
         results.append((m, result))
     level = nnmem.resolve_budget(budget, device)[1]
     if as_json:
-        click.echo(json.dumps({"model": model, "device": device, "level": level, "optimizer": optimizer.lower(),
+        click.echo(json.dumps({"model": model, "device": device, "level": level, "optimizer": _opt(optimizer),
                                **{m: _fit_dict(r) for m, r in results}}, indent=2))
         return
     click.echo(render_fits(results, budget_label=_budget_label(budget, device), level=level, width=_width()),
@@ -280,7 +289,7 @@ def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[in
 @click.option("--batch", type=PositiveIntType(), default=None,
               help="Read the figures where the peak is decided at this batch "
                    "[default: at the largest batch that fits, or at large batches].")
-def explain(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...], optimizer: str,
+def explain(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...], optimizer: str | None,
             as_json: bool, batch: int | None) -> None:
     """Why training fits a smaller batch than inference: what grows per sample in each, with MODEL's figures.
 
@@ -288,7 +297,7 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
     """
     if budget is not None and device.lower() != "cpu":
         raise click.UsageError("expected either --budget or --device, not both")
-    exp = nnmem.explain(model, budget=budget, device=device, optimizer=optimizer.lower(),
+    exp = nnmem.explain(model, budget=budget, device=device, optimizer=_opt(optimizer),
                         input_shape=input_shape or None, batch=batch, progress=_progress())
     if as_json:
         def figures(f: nnmem.ModeFigures) -> dict[str, Any]:

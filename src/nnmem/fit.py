@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from nnmem.api import _check, _dispatch, _torch_frontend
+from nnmem.api import _check, _dispatch, _is_keras, _keras_factory, _keras_frontend, _load_keras_file, _torch_frontend
 from nnmem.errors import ConfigError
 from nnmem.report.model import report_from_trace
 from nnmem.trace import Trace
@@ -40,14 +40,23 @@ def resolve_budget(budget: Any, device: str) -> tuple[int, str]:
 
 def _tracer(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn: Any, target: Any,
             input_shape: Any) -> Callable[[int], Trace]:
+    if isinstance(model, str) and model.endswith(".keras"):
+        model = _load_keras_file(model)
     spec = model if isinstance(model, str) else None
+    factory = _keras_factory(spec) if spec else None
+    if factory is not None or _is_keras(model):
+        keras_trace_at = _keras_frontend().tracer(None if factory else model, inputs, spec=spec,
+                                                  input_shape=input_shape, mode=mode, optimizer=optimizer,
+                                                  loss_fn=loss_fn, target=target, factory=factory)
+        return functools.lru_cache(maxsize=None)(keras_trace_at)
+    optimizer = "sgd" if optimizer is None else optimizer
     frontend = _torch_frontend() if spec else _dispatch(model)
     trace_at = frontend.tracer(model, inputs, spec=spec, input_shape=input_shape, mode=mode, optimizer=optimizer,
                                loss_fn=loss_fn, target=target)
     return functools.lru_cache(maxsize=None)(trace_at)
 
 
-def batch_curve(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = "sgd",
+def batch_curve(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
                 loss_fn: Callable[..., Any] | None = None, target: Any = None, input_shape: Any = None,
                 level: str = "allocator") -> BatchCurve:
     """Peak memory as a function of batch, fitted from two traces (batch 2 and 4).
@@ -68,7 +77,7 @@ def batch_curve(model: Any, inputs: Any = None, *, mode: str = "train", optimize
 
 
 def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", mode: str = "train",
-              optimizer: Any = "sgd", loss_fn: Callable[..., Any] | None = None, target: Any = None,
+              optimizer: Any = None, loss_fn: Callable[..., Any] | None = None, target: Any = None,
               input_shape: Any = None, upper: int = 1 << 20,
               progress: Callable[[str], None] | None = None) -> FitResult:
     """The largest batch whose step peak fits ``budget`` (or the device's usable memory).
@@ -88,16 +97,27 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
     trace_at = _tracer(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                        input_shape=input_shape)
     return search_max_batch(trace_at, budget_bytes, level, upper=upper, progress=progress,
-                            peak_of=_cuda_peak_of(device))
+                            peak_of=_cuda_peak_of(device, _keras_like(model)))
 
 
-def _cuda_peak_of(device: str) -> Callable[[Trace], int] | None:
+def _keras_like(model: Any) -> bool:
+    if isinstance(model, str):
+        return model.endswith(".keras") or _keras_factory(model) is not None
+    return _is_keras(model)
+
+
+def _cuda_peak_of(device: str, model_is_keras: bool = False) -> Callable[[Trace], int] | None:
     """On a CUDA device, the reserved peak of a trace (what decides an OOM there); else None."""
     from nnmem.cuda import cuda_target
 
     cuda_device = cuda_target(device)
     if cuda_device is None:
         return None
+    if model_is_keras:
+        from nnmem.errors import UnsupportedError
+
+        raise UnsupportedError("Keras steps are searched for device 'cpu' (with budget=) only in this version; "
+                               "the CUDA allocator model covers PyTorch models")
     frontend = _torch_frontend()
 
     def peak_of(trace: Trace) -> int:
@@ -106,7 +126,7 @@ def _cuda_peak_of(device: str) -> Callable[[Trace], int] | None:
     return peak_of
 
 
-def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", optimizer: Any = "sgd",
+def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", optimizer: Any = None,
             loss_fn: Callable[..., Any] | None = None, target: Any = None, input_shape: Any = None,
             batch: int | None = None, progress: Callable[[str], None] | None = None) -> Explanation:
     """Training next to inference: what grows per sample in each, and the largest batch of each.
@@ -131,7 +151,8 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
             from nnmem.errors import UnsupportedError
 
             raise UnsupportedError(f"{mode}: the step runs different ops at batch {b1} and {b2}")
-        fit = (search_max_batch(trace_at, budget_bytes, "allocator", progress=progress, peak_of=_cuda_peak_of(device))
+        fit = (search_max_batch(trace_at, budget_bytes, "allocator", progress=progress,
+                                peak_of=_cuda_peak_of(device, _keras_like(model)))
                if budget_bytes is not None else None)
         figures[mode] = mode_figures(mode, curve, trace_at(b1), trace_at(b2), batch, fit)
         if mode == "train":

@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing as mp
 import signal
+import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import cloudpickle
@@ -46,6 +48,28 @@ def _context() -> Any:
     return ctx
 
 
+@contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """Keep multiprocessing from running the caller's ``__main__`` script again in the child.
+
+    A forkserver child re-imports the main script unless it is guarded by ``if __name__ == "__main__"``,
+    so a script calling ``nnmem.measure`` at top level would measure itself recursively. The work needs
+    nothing from ``__main__`` (cloudpickle carries its functions by value), so the child is told of none.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if main is not None and hasattr(main, k)}
+    for k in saved:
+        if k == "__spec__":
+            main.__spec__ = None  # type: ignore[union-attr]
+        else:
+            delattr(main, k)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
+
+
 def run_in_child(fn: Callable[[], Any], *, timeout_s: float | None = None) -> Any:
     """Call ``fn()`` in a child process and return its (picklable) result.
 
@@ -65,7 +89,8 @@ def run_in_child(fn: Callable[[], Any], *, timeout_s: float | None = None) -> An
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, payload), daemon=True)
-    proc.start()
+    with _main_not_rerun():
+        proc.start()
     child.close()
     message = None
     if parent.poll(timeout_s):

@@ -20,7 +20,7 @@ from typing import Any
 
 from nnmem.errors import MissingFrameworkError
 
-__all__ = ["ACCURACY_ZOO", "BUILTIN", "DEFAULT_BATCH", "describe", "names", "resolve"]
+__all__ = ["ACCURACY_ZOO", "BUILTIN", "DEFAULT_BATCH", "KERAS", "describe", "names", "resolve"]
 
 DEFAULT_BATCH = 8
 """Batch the examples are sized for (a real train step well under 0.5 s on 2 CPU cores)."""
@@ -46,7 +46,25 @@ _ENTRIES: dict[str, tuple[str, str]] = {
                                  "for estimates only"),
 }
 
-BUILTIN: dict[str, str] = {name: f"{_MODULE}:{func}" for name, (func, _) in _ENTRIES.items()}
+_KERAS_MODULE = "nnmem.zoo.keras_models"
+
+# Keras models, run on the process's KERAS_BACKEND (see nnmem.zoo.keras_models).
+_KERAS_ENTRIES: dict[str, str] = {
+    "keras_mlp": "Keras Sequential MLP 256 -> 128 -> 64 -> 10 (the classic 41,802-parameter example)",
+    "keras_two_branch_cnn": "Keras functional CNN: two conv branches concatenated, BatchNorm, pooling, 32x32x3",
+    "keras_lstm": "Keras Embedding -> LSTM 128 over 32 tokens -> Dense",
+    "keras_transformer_block": "Keras Transformer block: MultiHeadAttention (4 heads), LayerNorm, GELU MLP",
+    "keras_separable_cnn": "Keras SeparableConv2D stack on 32x32x3",
+    "keras_conv1d_gru": "Keras Conv1D over 400 steps, max pooling, GRU 64",
+    "keras_mixed_float16": "Keras CNN under the mixed_float16 policy (float16 compute, loss scaling)",
+    "keras_partly_frozen": "Keras CNN whose first conv block is frozen (trainable=False)",
+    "keras_subclassed": "Keras subclassed model: residual Dense blocks with LayerNorm and dropout",
+}
+
+KERAS: dict[str, str] = {name: f"{_KERAS_MODULE}:{name}" for name in _KERAS_ENTRIES}
+"""Built-in Keras example name -> ``"module:factory"`` spec."""
+
+BUILTIN: dict[str, str] = {**{name: f"{_MODULE}:{func}" for name, (func, _) in _ENTRIES.items()}, **KERAS}
 """Built-in name -> ``"module:factory"`` spec."""
 
 ACCURACY_ZOO: tuple[str, ...] = tuple(name for name in _ENTRIES if name != "gpt2_small")
@@ -54,8 +72,8 @@ ACCURACY_ZOO: tuple[str, ...] = tuple(name for name in _ENTRIES if name != "gpt2
 
 
 def names() -> tuple[str, ...]:
-    """Built-in example names, in display order."""
-    return tuple(_ENTRIES)
+    """Built-in example names, in display order (PyTorch, then Keras)."""
+    return (*_ENTRIES, *_KERAS_ENTRIES)
 
 
 def describe(name: str) -> str:
@@ -64,7 +82,7 @@ def describe(name: str) -> str:
     Raises:
         KeyError: ``name`` is not a built-in (``nnmem.loader.resolve_factory`` gives the user-facing error).
     """
-    return _ENTRIES[name][1]
+    return _KERAS_ENTRIES[name] if name in _KERAS_ENTRIES else _ENTRIES[name][1]
 
 
 def resolve(name: str) -> Callable[..., Any]:
@@ -78,6 +96,11 @@ def resolve(name: str) -> Callable[..., Any]:
     try:
         loaded = importlib.import_module(module)
     except ModuleNotFoundError as err:
+        if name in KERAS and str(err.name).split(".")[0] in ("keras", "jax", "jaxlib", "tensorflow", "torch"):
+            raise MissingFrameworkError(
+                f"the built-in example {name!r} needs Keras and its backend ({err.name} is not installed): "
+                "pip install 'nnmem[keras]'"
+            ) from err
         if err.name == "torch" or str(err.name).startswith("torch."):
             raise MissingFrameworkError(
                 f"the built-in example {name!r} needs PyTorch, which is not installed: pip install 'nnmem[torch]'"

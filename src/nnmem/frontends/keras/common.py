@@ -154,7 +154,27 @@ def prepare(model: Any, x: Any, y: Any, *, mode: str, optimizer: Any = None, los
             raise ConfigError("mode='train' needs trainable variables, but every layer of the model is frozen")
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+        # What the first train_on_batch builds from the data's shapes (compiled loss and metrics), built
+        # now with symbolic tensors so that a traced step is a steady-state one.
+        try:
+            model._symbolic_build(data_batch=(x, y))
+        except (ValueError, TypeError, IndexError, RuntimeError) as err:
+            raise TraceError(f"the Keras model rejected inputs [{_shapes_text(x)}]: {_first_line(err)}") from err
     return KerasStep(model, x, y, mode, _batch_of(x))
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    for line in text.splitlines():  # Keras wraps the cause: "Exception encountered when calling X.call()."
+        line = line.strip()
+        if line and not line.startswith("Exception encountered") and not line.startswith("Arguments received"):
+            return line[:300]
+    return type(err).__name__
+
+
+def _shapes_text(x: Any) -> str:
+    return ", ".join(f"{tuple(int(d) for d in a.shape)} {keras.backend.standardize_dtype(a.dtype)}"
+                     for a in flat_arrays(x))
 
 
 def _build(model: Any, x: Any) -> None:
@@ -172,6 +192,8 @@ def _build(model: Any, x: Any) -> None:
 def _walk(model: Any) -> Iterator[tuple[str, Any]]:
     """(path, layer) for the model's layers, outermost first; paths are Keras layer paths."""
     for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
         yield str(getattr(layer, "path", layer.name)), layer
 
 

@@ -72,6 +72,8 @@ class StepTracker(TorchDispatchMode):
         self._layer_out: dict[str, int] = {}
         self.phase = Phase.SETUP
         self.training = True
+        self.accumulate_inplace = False
+        self._adds: list[tuple[int, int | None, int | None]] = []  # (op index, block of arg 0, block of arg 1)
 
     # ---- resident storages -------------------------------------------------------------------
     def add_resident(self, tensor: torch.Tensor, category: Category, layer: str = "") -> None:
@@ -131,6 +133,8 @@ class StepTracker(TorchDispatchMode):
         for i, tensor in fresh:
             nbytes = sizes[i] if sizes is not None else None
             record[3] += self._register(tensor, None, layer, self.phase, index, nbytes)
+        if self.accumulate_inplace and self.phase is Phase.BACKWARD and _is_accumulation(func, args, kwargs, fresh):
+            self._adds.append((index, self.block_of(args[0]), self.block_of(args[1])))
         if self.phase is Phase.FORWARD:
             for tensor in tensors:
                 if tensor.grad_fn is not None:
@@ -174,8 +178,38 @@ class StepTracker(TorchDispatchMode):
             if layer is not None:
                 self._blocks[block].layer = layer
 
+    def _accumulate_in_place(self) -> None:
+        """Make gradient accumulations that a real run does in place take no new block.
+
+        Autograd sums the gradients of a tensor used more than once (a weight shared across an RNN's time
+        steps, a residual branch) in its input buffer: ``old.add_(new)`` when ``old`` has no other owner,
+        ``old + new`` otherwise. Under a Python dispatch mode (this tracker, fake tensors) every tensor has
+        a Python owner, so the sum is always out of place. An ``add`` of two same-sized gradients in
+        backward whose first operand dies right after it is such a sum; here its output takes over the
+        operand's block, as the in-place add does in the real run.
+        """
+        merged: dict[int, int] = {}  # block folded into another → the block that carries its bytes
+        for index, first, second in self._adds:
+            op = self._ops[index]
+            for operand in (first, second):
+                if operand is None:
+                    continue
+                operand = merged.get(operand, operand)
+                old = self._blocks[operand]
+                if old.free_op != index or op[3] != old.nbytes:
+                    continue
+                out_id = next(i for i, b in enumerate(self._blocks) if b.alloc_op == index and b.nbytes == old.nbytes)
+                out = self._blocks[out_id]
+                old.free_op = out.free_op  # the in-place sum lives as long as the new block would have
+                op[3] -= out.nbytes
+                op[4] -= old.nbytes
+                out.nbytes = 0
+                merged[out_id] = operand
+                break
+
     def finish(self, mode: str, layers: tuple[LayerInfo, ...], meta: dict[str, object]) -> Trace:
         """Freeze what was recorded into a Trace; unlabelled blocks get a category by phase."""
+        self._accumulate_in_place()
         forward_end = max((i for i, r in enumerate(self._ops) if r[1] is Phase.FORWARD), default=-1)
         blocks = tuple(
             Block(i, s.nbytes, s.category or _default_category(s, mode, forward_end), s.layer, s.phase,
@@ -189,6 +223,18 @@ class StepTracker(TorchDispatchMode):
             for x in layers
         )
         return Trace("torch", mode, blocks, ops, layers, meta)
+
+
+_ADD = torch.ops.aten.add.Tensor
+
+
+def _is_accumulation(func: Any, args: Any, kwargs: dict[str, Any], fresh: list[Any]) -> bool:
+    """An ``add`` of two tensors of one shape and dtype, alpha 1, with one fresh output: autograd's sum."""
+    if func is not _ADD or len(args) != 2 or len(fresh) != 1 or kwargs.get("alpha", 1) != 1:
+        return False
+    a, b = args
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and a.dtype == b.dtype and torch._C._current_autograd_node() is not None)
 
 
 def _default_category(state: _BlockState, mode: str, forward_end: int) -> Category:

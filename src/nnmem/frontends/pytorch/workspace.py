@@ -402,6 +402,20 @@ def _rule_max_pool2d(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, tr
     return out.numel() * 8
 
 
+def _rule_max_pool2d_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool) -> int:
+    """``aten.max_pool2d_with_indices_backward`` when grad_output and input differ in memory format.
+
+    Keras on torch pools an NCHW view whose gradient arrives channels-last; the CPU kernel then works on
+    converted copies. Measured (benchmarks/calibrate_workspace.py style, fp32 and fp16, 2x2 pools): scratch
+    = bytes of the input + two float32 copies of grad_output. Same formats: no scratch.
+    """
+    grad_out, x = args[0], args[1]
+    last = torch.channels_last
+    if grad_out.dim() != 4 or grad_out.is_contiguous(memory_format=last) == x.is_contiguous(memory_format=last):
+        return 0
+    return _nbytes(x) + 2 * grad_out.numel() * 4
+
+
 # ---- the rule table ------------------------------------------------------------------------------------
 Rule = Callable[[tuple[Any, ...], dict[str, Any], Any, bool], int]
 SizeRule = Callable[[tuple[Any, ...], dict[str, Any], Any], "list[int] | None"]
@@ -419,6 +433,7 @@ WORKSPACE: dict[Any, Rule] = {
     aten.native_batch_norm_backward.default: _rule_native_batch_norm_backward,
     aten.batch_norm.default: _rule_batch_norm_infer,
     aten.max_pool2d.default: _rule_max_pool2d,
+    aten.max_pool2d_with_indices_backward.default: _rule_max_pool2d_backward,
     aten.lstm.input: _rule_lstm_infer,
     aten.gru.input: _rule_gru_infer,
     aten.embedding_dense_backward.default: _rule_embedding_backward,

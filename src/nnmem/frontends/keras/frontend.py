@@ -1,0 +1,155 @@
+"""The Keras frontend's entry points: estimate, measure and the batch tracer, on whichever backend runs.
+
+Keras picks its backend once per process (``KERAS_BACKEND``); each backend has its own tracer and
+measurer module with one contract (``trace_step(step, meta=...) -> Trace``, ``measure_step(step, name=...,
+meta=...) -> Report``). Estimates and measurements are CPU steps at the allocator level.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from nnmem.errors import ConfigError, MeasureError, UnsupportedError
+from nnmem.frontends.keras.common import KerasStep, is_keras_model, optimizer_label, prepare
+from nnmem.report.model import Report, report_from_trace
+from nnmem.trace import Trace
+
+__all__ = ["is_keras_model", "estimate_keras", "measure_keras", "tracer", "backend_module", "from_factory"]
+
+_MODULES = {"torch": "torch_backend", "jax": "jax_backend", "tensorflow": "tf_backend"}
+
+
+def backend_module(name: str | None = None) -> Any:
+    """The nnmem module that traces and measures Keras steps on a backend (this process's by default)."""
+    name = name or str(keras.backend.backend())
+    if name not in _MODULES:
+        raise UnsupportedError(f"the Keras backend {name!r} is not supported: use torch, jax or tensorflow")
+    return importlib.import_module(f"nnmem.frontends.keras.{_MODULES[name]}")
+
+
+def _unpack(inputs: Any) -> Any:
+    """Our API passes inputs as a tuple of positional arguments; Keras takes x (one array, or a list)."""
+    if isinstance(inputs, tuple):
+        return inputs[0] if len(inputs) == 1 else list(inputs)
+    return inputs
+
+
+def _check_device(device: str) -> None:
+    if device.strip().lower() != "cpu":
+        raise UnsupportedError(f"Keras steps are estimated for device 'cpu' only in this version "
+                               f"(received {device!r}); the CUDA allocator model covers PyTorch models")
+
+
+def _meta(step: KerasStep, batch: int | None) -> dict[str, object]:
+    meta: dict[str, object] = {"batch": batch or step.batch, "keras": keras.__version__,
+                               "keras_backend": str(keras.backend.backend()),
+                               "dtype_policy": str(step.model.dtype_policy.name)}
+    if step.mode == "train":
+        meta["optimizer"] = optimizer_label(step.model)
+    return meta
+
+
+def estimate_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn: Any, target: Any,
+                   device: str, name: str, batch: int | None, notes: tuple[str, ...] = ()) -> Report:
+    """Estimate a Keras ``train_on_batch`` / ``predict_on_batch`` step on this process's backend."""
+    _check_device(device)
+    step = prepare(model, _unpack(inputs), target, mode=mode, optimizer=optimizer, loss=loss_fn)
+    trace = backend_module().trace_step(step, meta=_meta(step, batch))
+    return report_from_trace(trace, source="estimate", model=name, device="cpu", notes=notes)
+
+
+def measure_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn: Any, target: Any,
+                  device: str, name: str, batch: int | None, timeout_s: float | None,
+                  factory: Callable[[int], Any] | None = None) -> Report:
+    """Run the Keras step for real in a child process on this process's backend.
+
+    The model travels to the child by Keras's own pickling (its ``.keras`` serialization), so a subclassed
+    model must be registered with ``keras.saving.register_keras_serializable``; or give a factory
+    (a MODEL spec), which the child calls itself.
+    """
+    from nnmem.measure.child import run_in_child
+
+    _check_device(device)
+    backend = str(keras.backend.backend())
+    payload: bytes | None = None
+    if factory is None:
+        import cloudpickle
+
+        try:
+            payload = cloudpickle.dumps(model)
+            cloudpickle.loads(payload)  # a model Keras cannot rebuild fails here, in the caller, clearly
+        except Exception as err:
+            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+            raise MeasureError(f"the Keras model cannot be sent to the measuring child process ({first}); "
+                               "register custom classes with keras.saving.register_keras_serializable, or "
+                               "measure a MODEL spec 'file.py:factory'") from err
+
+    def work() -> dict[str, Any]:
+        os.environ["KERAS_BACKEND"] = backend
+        os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # before TensorFlow is first imported
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import cloudpickle as cp
+
+        from nnmem.frontends.keras import frontend as here
+
+        if factory is not None:
+            m, x, y, loss = here.from_factory(factory, batch or 1)
+            x = x if inputs is None else _unpack(inputs)
+            y = y if target is None else target
+            lf = loss_fn if loss_fn is not None else loss
+        else:
+            assert payload is not None
+            m, x, y, lf = cp.loads(payload), _unpack(inputs), target, loss_fn
+        step = here.prepare(m, x, y, mode=mode, optimizer=optimizer, loss=lf)
+        return here.backend_module(backend).measure_step(step, name=name, meta=here._meta(step, batch)).to_dict()
+
+    return Report.from_dict(run_in_child(work, timeout_s=timeout_s))
+
+
+def from_factory(factory: Callable[[int], Any], batch: int) -> tuple[Any, Any, Any, Any]:
+    """Call a Keras factory: ``factory(batch) -> model`` or ``(model, x[, y[, loss]])``."""
+    from nnmem.loader import build
+
+    built = build(factory, batch)
+    if not is_keras_model(built.model):
+        raise ConfigError(f"expected the factory to return a keras.Model. Received: {type(built.model).__name__}")
+    x = _unpack(built.inputs) if built.inputs is not None else None
+    return built.model, x, built.target, built.loss_fn
+
+
+def tracer(model: Any, inputs: Any, *, spec: str | None, input_shape: Any, mode: str, optimizer: Any,
+           loss_fn: Any, target: Any, factory: Callable[[int], Any] | None = None) -> Callable[[int], Trace]:
+    """A function batch → Trace of the Keras step at that batch (inputs and target rebatched as zeros)."""
+    import numpy as np
+
+    if factory is not None:
+        model, x0, y0, loss0 = from_factory(factory, 1)
+        inputs = inputs if inputs is not None else x0
+        target = target if target is not None else y0
+        loss_fn = loss_fn if loss_fn is not None else loss0
+    if input_shape:
+        inputs = [np.zeros((1, *s), "float32") for s in input_shape]
+    x = _unpack(inputs)
+    if x is None:
+        raise ConfigError("expected inputs x whose first dimension is the batch, to rescale them")
+
+    def rebatch(value: Any, b: int) -> Any:
+        if value is None:
+            return None
+        return keras.tree.map_structure(lambda a: np.zeros((b, *a.shape[1:]), dtype=_np_dtype(a)), value)
+
+    def trace_at(b: int) -> Trace:
+        step = prepare(model, rebatch(x, b), rebatch(target, b), mode=mode, optimizer=optimizer, loss=loss_fn)
+        return backend_module().trace_step(step, meta={**_meta(step, b), "batch": b})  # type: ignore[no-any-return]
+
+    return trace_at
+
+
+def _np_dtype(a: Any) -> Any:
+    name = keras.backend.standardize_dtype(a.dtype)
+    return "float32" if name == "bfloat16" else name

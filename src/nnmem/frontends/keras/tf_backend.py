@@ -1,0 +1,536 @@
+"""The Keras frontend on the TensorFlow backend: the graph of the step's ``tf.function``, replayed.
+
+On a CPU-only machine Keras 3 resolves ``jit_compile="auto"`` to False (``Trainer._resolve_auto_jit_compile``:
+"Disable XLA on CPU-only machines"), so ``train_on_batch`` runs ``one_step_on_data`` — a plain ``tf.function``
+around ``train_step`` — on TensorFlow's graph executor, and ``predict_on_batch`` a ``tf.function`` around
+``predict_step``. The estimate traces that same function for ``tf.TensorSpec`` s of the data (no tensor is
+allocated) and replays its graph the way the executor frees memory:
+
+* every output is a buffer of its static shape, rounded up to the BFC allocator's 256-byte granularity;
+* a buffer is freed after its last consumer has run; outputs nobody consumes die at once;
+* view ops (Identity, Reshape, ReadVariableOp, ...) share their input's buffer, element-wise kernels
+  write into an input buffer they hold the last reference to (``OpKernelContext::forward_input``);
+* control flow: an ``If`` / ``While`` body is replayed on its own and its rise counted as the op's
+  workspace; a forward ``While`` whose body pushes onto gradient accumulators keeps ``iterations ×``
+  the pushed tensors until the gradient loop has consumed them.
+
+Ops run in graph-construction order, one at a time. The real executor runs independent ops
+concurrently (inter-op threads, ``parallel_iterations=32`` in Keras's RNN loops), so the measured peak of a
+recurrent net varies from run to run; the estimate is the sequential schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from nnmem.errors import ConfigError, TraceError
+from nnmem.frontends.keras.common import (
+    KerasStep,
+    array_nbytes,
+    flat_arrays,
+    layer_infos,
+    optimizer_label,
+    resident_variables,
+)
+from nnmem.report.model import Report, report_from_trace
+from nnmem.trace import Block, Category, Op, Phase, Trace
+
+__all__ = ["trace_step", "measure_step", "bfc_round"]
+
+BFC_MIN_ALLOCATION = 256
+"""tensorflow/core/common_runtime/bfc_allocator.h: ``kMinAllocationSize = 256``; every chunk is a multiple."""
+
+# Ops whose outputs share the buffer of an input (output i ↔ input i, or output 0 ↔ input 0).
+_VIEWS = frozenset({
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "ReadVariableOp", "StopGradient",
+    "PreventGradient", "EnsureShape", "Snapshot", "TensorListFromTensor", "_Arg", "Placeholder", "Bitcast",
+})
+# Ops that allocate nothing batch-sized on the step's allocator (constants are resident kernel state).
+_NO_BUFFER = frozenset({
+    "Const", "NoOp", "VarHandleOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+    "EmptyTensorList", "TensorListReserve", "TensorListPushBack", "TensorListSetItem", "TensorListLength",
+    "TensorListElementShape", "VariableShape", "Shape", "ShapeN", "Size", "Rank",
+})
+# Element-wise kernels that call ``forward_input_or_allocate_output`` (cwise_ops_common.h, relu_op.h, ...).
+_FORWARDING = frozenset({
+    "Relu", "Relu6", "Elu", "Selu", "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "Sigmoid", "Tanh",
+    "SigmoidGrad", "TanhGrad", "Softplus", "Mul", "AddV2", "Add", "Sub", "RealDiv", "Div", "DivNoNan",
+    "Maximum", "Minimum", "Sqrt", "Rsqrt", "Square", "Pow", "Neg", "Exp", "Log", "Abs", "Sign", "Erf",
+    "Reciprocal", "SquaredDifference", "BiasAdd", "AddN", "Softmax", "LogSoftmax", "SelectV2", "Select",
+    "Cast", "Floor", "Round", "MulNoNan", "OnesLike", "ZerosLike", "Inv", "Xdivy", "Xlogy",
+})
+_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+_IFS = frozenset({"If", "StatelessIf"})
+_WHILES = frozenset({"While", "StatelessWhile"})
+
+
+def bfc_round(nbytes: int) -> int:
+    """Bytes the BFC allocator hands out for a request: a multiple of 256, 0 for an empty tensor."""
+    if nbytes <= 0:
+        return 0
+    return -(-nbytes // BFC_MIN_ALLOCATION) * BFC_MIN_ALLOCATION
+
+
+def _tensor_bytes(t: Any) -> int:
+    if t.dtype in (tf.resource, tf.variant, tf.string):
+        return 0
+    shape = t.shape
+    if shape.rank is None or not shape.is_fully_defined():
+        return 0
+    return int(np.prod(shape.as_list(), dtype=np.int64)) * t.dtype.size
+
+
+@dataclass
+class _Buf:
+    """A buffer during the replay: its size, its block, and how many consumers still hold it."""
+
+    nbytes: int
+    block: int
+    holders: int
+    owned: bool  # allocated by the step (not a variable, input or constant), so it can be freed/forwarded
+
+
+class _Replay:
+    """Replays one graph: which op allocates which buffer and after which op each buffer dies."""
+
+    def __init__(self, functions: dict[str, Any]) -> None:
+        self.functions = functions
+        self.sizes: list[int] = []
+        self.alloc_at: list[int] = []
+        self.free_at: list[int] = []
+        self.cats: list[Category] = []
+        self.layers: list[str] = []
+        self.ops: list[tuple[str, Phase, str, int]] = []  # (name, phase, layer, workspace)
+
+    def run(self, ops: list[Any], external: set[str], where: list[tuple[Phase, str]],
+            keep: Iterable[str] = ()) -> None:
+        """Replay ``ops`` in order.
+
+        Args:
+            ops: the graph's ops in execution order.
+            external: names of tensors owned outside the graph (arguments).
+            where: each op's (phase, layer).
+            keep: names of the graph's results, live after the last op.
+        """
+        consumers: dict[str, int] = dict.fromkeys(keep, 1)
+        for op in ops:
+            for t in op.inputs:
+                consumers[t.name] = consumers.get(t.name, 0) + 1
+        bufs: dict[str, _Buf] = {}
+        for index, op in enumerate(ops):
+            phase, layer = where[index]
+            workspace = self._workspace(op)
+            ins = [bufs.get(t.name) for t in op.inputs]
+            for k, t in enumerate(op.outputs):
+                bufs[t.name] = self._output(op, k, t, ins, consumers.get(t.name, 0), index, phase, layer, external)
+            for buf in ins:
+                if buf is not None:
+                    buf.holders -= 1
+                    self._maybe_free(buf, index)
+            for t in op.outputs:
+                self._maybe_free(bufs[t.name], index)
+            self.ops.append((op.name, phase, layer, workspace))
+
+    def _maybe_free(self, buf: _Buf, index: int) -> None:
+        if buf.owned and buf.holders <= 0 and self.free_at[buf.block] < 0:
+            self.free_at[buf.block] = index
+
+    def _new(self, nbytes: int, index: int, category: Category, layer: str) -> int:
+        self.sizes.append(bfc_round(nbytes))
+        self.alloc_at.append(index)
+        self.free_at.append(-1)
+        self.cats.append(category)
+        self.layers.append(layer)
+        return len(self.sizes) - 1
+
+    def _output(self, op: Any, k: int, t: Any, ins: list[_Buf | None], uses: int, index: int,
+                phase: Phase, layer: str, external: set[str]) -> _Buf:
+        kind = op.type
+        if t.name in external or kind in ("Placeholder", "_Arg", "Const") or kind in _NO_BUFFER:
+            return _Buf(0, -1, uses, False)
+        if kind in _VIEWS:
+            src = ins[k] if kind == "IdentityN" and k < len(ins) else (ins[0] if ins else None)
+            if src is None or not src.owned:
+                return _Buf(0, -1, uses, False)
+            src.holders += uses  # the view keeps the source alive through its own consumers
+            return src
+        nbytes = self._accumulated(op, k) if kind in _WHILES else _tensor_bytes(t)
+        if kind in _FORWARDING and k == 0:
+            for buf in ins:
+                if buf is not None and buf.owned and buf.holders == 1 and buf.nbytes == bfc_round(nbytes):
+                    buf.holders += uses  # written in place: this op held the last reference
+                    return buf
+        if nbytes == 0:
+            return _Buf(0, -1, uses, False)
+        category = _category(phase)
+        return _Buf(bfc_round(nbytes), self._new(nbytes, index, category, layer), uses, True)
+
+    def _accumulated(self, op: Any, k: int) -> int:
+        """Bytes a While output holds: its static size, or iterations × what the body pushes onto it."""
+        t = op.outputs[k]
+        if t.dtype != tf.variant:
+            return _tensor_bytes(t)
+        body = self._body(op, "body")
+        if body is None:
+            return 0
+        out = body.outputs[k] if k < len(body.outputs) else None
+        if out is None or out.op.type != "TensorListPushBack":
+            return 0
+        pushed = out.op.inputs[1]
+        if _is_alias_of_variable(pushed):
+            return 0
+        return _iterations(op) * bfc_round(_tensor_bytes(pushed))
+
+    def _body(self, op: Any, attr: str) -> Any:
+        try:
+            name = op.get_attr(attr).name
+        except (ValueError, AttributeError):
+            return None
+        fn = self.functions.get(name)
+        return getattr(fn, "graph", None) if fn is not None else None
+
+    def _workspace(self, op: Any) -> int:
+        """The rise of a called graph (If branch, While body, function) over its arguments, in bytes."""
+        attrs = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
+                 "While": ("body",), "StatelessWhile": ("body",), "PartitionedCall": ("f",),
+                 "StatefulPartitionedCall": ("f",)}.get(op.type, ())
+        rise = 0
+        for attr in attrs:
+            graph = self._body(op, attr)
+            if graph is not None:
+                rise = max(rise, _graph_rise(graph, self.functions))
+        return rise
+
+
+def _is_alias_of_variable(t: Any) -> bool:
+    while t.op.type in ("Identity", "Reshape", "ExpandDims", "Squeeze"):
+        t = t.op.inputs[0]
+    return bool(t.op.type in ("ReadVariableOp", "Placeholder", "Const"))
+
+
+def _iterations(op: Any) -> int:
+    """A While op's trip count: its ``maximum_iterations`` loop variable (index 1) when constant."""
+    from tensorflow.python.framework import tensor_util
+
+    try:
+        value = tensor_util.constant_value(op.inputs[1])
+    except (TypeError, ValueError, IndexError):
+        value = None
+    if value is None:
+        src = op.inputs[1].op
+        if src.type == "Max" and src.inputs:  # Keras rnn: max(time_steps) over a constant
+            value = tensor_util.constant_value(src.inputs[0])
+            value = None if value is None else np.max(value)
+    return int(value) if value is not None and int(value) > 0 else 1
+
+
+def _category(phase: Phase) -> Category:
+    return Category.ACTIVATIONS if phase is Phase.FORWARD else Category.TEMPORARIES
+
+
+def _graph_rise(graph: Any, functions: dict[str, Any]) -> int:
+    """Peak bytes a function body allocates on top of its arguments, replayed once."""
+    replay = _Replay(functions)
+    ops = graph.get_operations()
+    replay.run(ops, {t.name for t in graph.inputs}, [(Phase.FORWARD, "")] * len(ops))
+    live = peak = 0
+    for index in range(len(replay.ops)):
+        live += sum(s for s, a in zip(replay.sizes, replay.alloc_at) if a == index)
+        peak = max(peak, live)
+        live -= sum(s for s, f in zip(replay.sizes, replay.free_at) if f == index)
+    return peak
+
+
+def _functions_of(graph: Any) -> dict[str, Any]:
+    """Every function the graph calls, nested ones included (name → AtomicFunction)."""
+    out: dict[str, Any] = {}
+    pending = [graph]
+    while pending:
+        g = pending.pop()
+        for name, fn in getattr(g, "_functions", {}).items():
+            if name not in out:
+                out[name] = fn
+                if getattr(fn, "graph", None) is not None:
+                    pending.append(fn.graph)
+    return out
+
+
+@dataclass
+class _Spans:
+    """What each created graph op ran for: layer calls (op index ranges) and where the phases begin."""
+
+    layers: list[tuple[int, int, str]]
+    optimizer_start: int = -1
+
+
+@contextmanager
+def _recording(model: Any) -> Iterator[_Spans]:
+    """Record, while the step's function is traced, which ops each ``Layer.__call__`` and the optimizer create."""
+    spans = _Spans([])
+    original = keras.layers.Layer.__call__
+
+    def count() -> int:
+        return len(tf.compat.v1.get_default_graph().get_operations())
+
+    def call(layer: Any, *args: Any, **kwargs: Any) -> Any:
+        start = count()
+        try:
+            return original(layer, *args, **kwargs)
+        finally:
+            spans.layers.append((start, count(), str(getattr(layer, "path", layer.name))))
+
+    opt = getattr(model, "optimizer", None)
+    keras.layers.Layer.__call__ = call  # type: ignore[method-assign]
+    if opt is not None:
+        apply = opt.apply_gradients
+
+        def traced_apply(*args: Any, **kwargs: Any) -> Any:
+            if spans.optimizer_start < 0:
+                spans.optimizer_start = count()
+            return apply(*args, **kwargs)
+
+        opt.apply_gradients = traced_apply
+    try:
+        yield spans
+    finally:
+        keras.layers.Layer.__call__ = original  # type: ignore[method-assign]
+        if opt is not None:
+            del opt.apply_gradients
+
+
+def _spec(a: Any) -> Any:
+    return tf.TensorSpec(tuple(int(d) for d in a.shape), tf.as_dtype(keras.backend.standardize_dtype(a.dtype)))
+
+
+def _step_function(step: KerasStep) -> tuple[Any, tuple[Any, ...]]:
+    """Keras's own ``tf.function`` for the step and the arguments it is called with (as specs)."""
+    model = step.model
+    x = keras.tree.map_structure(_spec, step.x)
+    if step.mode == "infer":
+        model.make_predict_function()
+        return model.predict_function, ([(x,)],)
+    y = keras.tree.map_structure(_spec, step.y)
+    model._maybe_symbolic_build(data_batch=(step.x, step.y, None))
+    model.make_train_function()
+    for cell in model.train_function.__closure__ or ():  # function(iterator) → _autoconvert_optionals(one_step)
+        inner = getattr(cell.cell_contents, "__wrapped__", None)
+        if isinstance(inner, tf.types.experimental.PolymorphicFunction):
+            return inner, ((x, y, None),)
+    raise TraceError("could not find the tf.function of Keras's train step (model.train_function); "
+                     "was the model compiled with run_eagerly=True? Compile it without run_eagerly")
+
+
+def _concrete(step: KerasStep) -> tuple[Any, _Spans]:
+    fn, args = _step_function(step)
+    if getattr(step.model, "jit_compile", False):
+        raise ConfigError("the model is compiled with jit_compile=True (XLA); the TensorFlow estimate models the "
+                          "graph executor: compile with jit_compile=False (Keras's default on CPU)")
+    try:
+        with _recording(step.model) as spans:
+            # a fresh tracing of the Python function: exact static shapes, no cached relaxed signature
+            cf = tf.function(fn.python_function, autograph=False).get_concrete_function(*args)
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as err:
+        shapes = ", ".join(f"{tuple(a.shape)} {keras.backend.standardize_dtype(a.dtype)}"
+                           for a in flat_arrays(step.x))
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise TraceError(f"the Keras model rejected inputs [{shapes}]: {first}") from err
+    return cf, spans
+
+
+def _reachable(graph: Any) -> set[str]:
+    """Names of the ops the function runs: those its results or its side effects depend on.
+
+    The function runtime prunes the rest (``PruneFunctionBody``), e.g. gradients toward frozen layers.
+    """
+    pending = [t.op for t in graph.outputs] + list(getattr(graph, "control_outputs", []))
+    pending += [op for op in graph.get_operations() if op.type.startswith(("Assign", "ResourceApply"))]
+    seen: set[str] = set()
+    while pending:
+        op = pending.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        pending.extend(t.op for t in op.inputs)
+        pending.extend(op.control_inputs)
+    return seen
+
+
+def _where(ops: list[Any], spans: _Spans) -> list[tuple[Phase, str]]:
+    """Each op's phase and innermost layer, gradients named after the forward op they differentiate."""
+    layer = [""] * len(ops)
+    for start, end, path in sorted(spans.layers, key=lambda s: s[0] - s[1]):  # outermost first
+        for i in range(start, min(end, len(ops))):
+            layer[i] = path
+    by_name = {op.name: layer[i] for i, op in enumerate(ops) if layer[i]}
+    out: list[tuple[Phase, str]] = []
+    for i, op in enumerate(ops):
+        if 0 <= spans.optimizer_start <= i:
+            out.append((Phase.OPTIMIZER, layer[i]))
+        elif op.name.startswith("gradient_tape/"):
+            out.append((Phase.BACKWARD, _forward_layer(op.name[len("gradient_tape/"):], by_name)))
+        else:
+            out.append((Phase.FORWARD, layer[i]))
+    return out
+
+
+def _forward_layer(name: str, by_name: dict[str, str]) -> str:
+    parts = name.split("/")
+    for end in range(len(parts), 0, -1):
+        hit = by_name.get("/".join(parts[:end]))
+        if hit is not None:
+            return hit
+    prefixes = {n.rsplit("/", 1)[0]: p for n, p in by_name.items()}
+    for end in range(len(parts), 0, -1):
+        hit = prefixes.get("/".join(parts[:end]))
+        if hit is not None:
+            return hit
+    return ""
+
+
+def _resident(step: KerasStep, graph: Any) -> list[Block]:
+    blocks: list[Block] = []
+    for v, category, layer in resident_variables(step.model, step.mode):
+        blocks.append(Block(len(blocks), bfc_round(array_nbytes(v)), category, layer, Phase.SETUP, -1, -1))
+    for leaf in flat_arrays((step.x, step.y) if step.mode == "train" else step.x):
+        blocks.append(Block(len(blocks), bfc_round(array_nbytes(leaf)), Category.INPUTS, "", Phase.SETUP, -1, -1))
+    consts = sum(bfc_round(_tensor_bytes(op.outputs[0])) for op in graph.get_operations() if op.type == "Const")
+    if consts:  # ConstantOp keeps its tensor for the kernel's lifetime: live before and after the step
+        blocks.append(Block(len(blocks), consts, Category.BUFFERS, "", Phase.SETUP, -1, -1))
+    return blocks
+
+
+def _categorize(replay: _Replay, where: list[tuple[Phase, str]], grads: set[int]) -> list[Category]:
+    forward_end = max((i for i, (p, _) in enumerate(where) if p is Phase.FORWARD and i < len(where)), default=-1)
+    cats: list[Category] = []
+    for b, (alloc, free) in enumerate(zip(replay.alloc_at, replay.free_at)):
+        phase = where[alloc][0]
+        if b in grads:
+            cats.append(Category.GRADIENTS)
+        elif phase is Phase.FORWARD:
+            lives_on = free < 0 or where[free][0] is not Phase.FORWARD or free > forward_end
+            cats.append(Category.SAVED_ACTIVATIONS if lives_on and replay.ops else Category.ACTIVATIONS)
+        else:
+            cats.append(Category.TEMPORARIES)
+    return cats
+
+
+def _gradient_blocks(ops: list[Any], replay: _Replay, where: list[tuple[Phase, str]]) -> set[int]:
+    """Blocks of the tensors the optimizer receives: backward outputs consumed by optimizer ops."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    first_block: dict[int, int] = {}
+    for b, a in enumerate(replay.alloc_at):
+        first_block.setdefault(a, b)
+    out: set[int] = set()
+    for i, op in enumerate(ops):
+        if where[i][0] is not Phase.OPTIMIZER:
+            continue
+        for t in op.inputs:
+            j = index.get(t.op.name, -1)
+            while j >= 0 and ops[j].type in _VIEWS and ops[j].inputs:
+                j = index.get(ops[j].inputs[0].op.name, -1)
+            if j >= 0 and where[j][0] is Phase.BACKWARD and j in first_block:
+                out.add(first_block[j])
+    return out
+
+
+def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
+    """Estimate one Keras step on the TensorFlow backend from the graph of its ``tf.function``.
+
+    Nothing batch-sized is allocated: the function is traced for ``tf.TensorSpec`` s of the data.
+
+    Raises:
+        TraceError: the model rejects the inputs' shapes or dtypes.
+        ConfigError: the model is compiled with ``jit_compile=True``.
+    """
+    cf, spans = _concrete(step)
+    graph = cf.graph
+    every = graph.get_operations()
+    where_all = _where(every, spans)
+    kept = _reachable(graph)
+    ops = [op for op in every if op.name in kept]
+    where = [w for op, w in zip(every, where_all) if op.name in kept]
+    replay = _Replay(_functions_of(graph))
+    replay.run(ops, {t.name for t in graph.inputs}, where, keep=[t.name for t in graph.outputs])
+    cats = _categorize(replay, where, _gradient_blocks(ops, replay, where) if step.mode == "train" else set())
+    blocks = _resident(step, graph)
+    base = len(blocks)
+    for b, size in enumerate(replay.sizes):
+        free = replay.free_at[b]
+        blocks.append(Block(base + b, size, cats[b], replay.layers[b] or where[replay.alloc_at[b]][1],
+                            where[replay.alloc_at[b]][0], replay.alloc_at[b], free))
+    alloc = [0] * len(ops)
+    freed = [0] * len(ops)
+    for block in blocks[base:]:
+        alloc[block.alloc_op] += block.nbytes
+        if block.free_op >= 0:
+            freed[block.free_op] += block.nbytes
+    trace_ops = tuple(Op(i, f"{op.type}:{op.name}", where[i][0], where[i][1], alloc[i], freed[i], replay.ops[i][3])
+                      for i, op in enumerate(ops))
+    info = {**meta, "tensorflow": tf.__version__, "keras": keras.__version__, "batch": step.batch,
+            "executor": "tf.function graph executor (jit_compile=False)",
+            "allocator_model": "BFC: 256-byte chunks, sequential schedule"}
+    if step.mode == "train":
+        info["optimizer"] = optimizer_label(step.model)
+    return Trace("keras-tensorflow", step.mode, tuple(blocks), trace_ops, layer_infos(step.model), info)
+
+
+def _memory_info() -> dict[str, int]:
+    return dict(tf.config.experimental.get_memory_info("CPU:0"))
+
+
+def _run(step: KerasStep, x: Any, y: Any) -> None:
+    if step.mode == "train":
+        step.model.train_on_batch(x, y)
+    else:
+        step.model.predict_on_batch(x)
+
+
+MEASURED_STEPS = 3
+"""Steps measured after the warm-up; the report takes their median peak (the executor's inter-op threads make
+the peak vary from step to step, most for recurrent nets)."""
+
+
+def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
+    """Run the real step and report the BFC allocator's peak (bytes in use, variables included).
+
+    Call in a process that set ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow was imported. The data
+    become tensors first (live before the step, like the variables); 2 train steps (1 inference step) warm up
+    the function and the allocator; then each measured step runs between ``reset_memory_stats`` and a read of
+    ``peak``.
+
+    Raises:
+        MeasureError: the BFC allocator is not in use (its statistics read 0).
+    """
+    from nnmem.errors import MeasureError
+
+    trace = trace_step(step, meta=meta)
+    x = keras.tree.map_structure(tf.convert_to_tensor, step.x)
+    y = keras.tree.map_structure(tf.convert_to_tensor, step.y) if step.y is not None else None
+    if _memory_info()["current"] <= 0:
+        raise MeasureError("TensorFlow's CPU allocator keeps no statistics: set TF_CPU_ALLOCATOR_USE_BFC=true "
+                           "in the environment before TensorFlow is imported")
+    for _ in range(2 if step.mode == "train" else 1):
+        _run(step, x, y)
+    peaks, before = [], []
+    for _ in range(MEASURED_STEPS):
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        before.append(_memory_info()["current"])
+        _run(step, x, y)
+        peaks.append(_memory_info()["peak"])
+    peak = int(sorted(peaks)[len(peaks) // 2])
+    resident = int(sorted(before)[len(before) // 2])
+    notes = (f"allocator peak: TensorFlow BFC bytes in use, median of {MEASURED_STEPS} steps "
+             f"({', '.join(f'{p:,}' for p in peaks)} B); {resident:,} B in use before the step "
+             f"(estimated resident: {trace.resident_bytes:,} B)",)
+    info = {**trace.meta, "method": "bfc_peak", "resident_measured": resident, "peak_min": min(peaks),
+            "peak_max": max(peaks)}
+    trace = Trace(trace.framework, trace.mode, trace.blocks, trace.ops, trace.layers, info)
+    return report_from_trace(trace, source="measure", model=name, device="cpu",
+                             overrides={"allocator": peak}, notes=notes)
