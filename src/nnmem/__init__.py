@@ -14,6 +14,7 @@ import nnmem.measure as _measure_package  # noqa: F401  (isort: skip)
 from nnmem.api import estimate, measure
 from nnmem.devices import Device, get_device, list_devices
 from nnmem.errors import (
+    BudgetError,
     ConfigError,
     MeasureError,
     MissingFrameworkError,
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchCurve",
+    "BudgetError",
     "Category",
     "Comparison",
     "ConfigError",

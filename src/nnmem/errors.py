@@ -14,6 +14,7 @@ __all__ = [
     "UnsupportedError",
     "MissingFrameworkError",
     "MeasureError",
+    "BudgetError",
 ]
 
 
@@ -43,3 +44,7 @@ class MissingFrameworkError(NnmemError, ImportError):
 
 class MeasureError(NnmemError):
     """The measuring child process failed (OOM kill, crash, error in the model)."""
+
+
+class BudgetError(NnmemError):
+    """A step will not fit its memory budget (raised by ``nnmem.keras.MemoryCheck`` before training starts)."""

@@ -44,8 +44,14 @@ import jax
 import keras
 
 from nnmem.errors import TraceError, UnsupportedError
-from nnmem.frontends.keras.common import KerasStep, array_nbytes, flat_arrays, layer_infos, optimizer_label, \
-    resident_variables
+from nnmem.frontends.keras.common import (
+    KerasStep,
+    array_nbytes,
+    flat_arrays,
+    layer_infos,
+    optimizer_label,
+    resident_variables,
+)
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
@@ -134,7 +140,8 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
                Block(n + 1, new_outputs, Category.ACTIVATIONS, "", phase, 0, -1)]
     ops = (Op(0, "xla.execute", phase, "", temp + new_outputs, temp),)
     meta = {**meta, "jax": jax.__version__, "keras": keras.__version__,
-            "xla.argument_bytes": int(stats.argument_size_in_bytes), "xla.output_bytes": int(stats.output_size_in_bytes),
+            "xla.argument_bytes": int(stats.argument_size_in_bytes),
+            "xla.output_bytes": int(stats.output_size_in_bytes),
             "xla.alias_bytes": int(stats.alias_size_in_bytes), "xla.temp_bytes": temp,
             "xla.code_bytes": int(stats.generated_code_size_in_bytes), "inputs_bytes": data_bytes}
     if step.mode == "train":

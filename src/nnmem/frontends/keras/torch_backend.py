@@ -280,13 +280,25 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
                              overrides={"allocator": resident + allocator_rise(prof)}, notes=notes)
 
 
-def _live_bytes(step: KerasStep, x: Any, y: Any) -> int:
+def live_variable_bytes(model: Any) -> int:
+    """Bytes of the storages of every Keras variable (model, optimizer, metrics) and their gradients."""
+    return _storage_bytes(_variable_tensors(model))
+
+
+def _variable_tensors(model: Any) -> list[Any]:
     tensors: list[Any] = []
-    for v in _all_variables(step.model):
+    for v in _all_variables(model):
         tensors.append(v._value)
         if v._value.grad is not None:
             tensors.append(v._value.grad)
-    tensors += flat_arrays((x, y))
+    return tensors
+
+
+def _live_bytes(step: KerasStep, x: Any, y: Any) -> int:
+    return _storage_bytes([*_variable_tensors(step.model), *flat_arrays((x, y))])
+
+
+def _storage_bytes(tensors: list[Any]) -> int:
     seen: dict[int, int] = {}
     for t in tensors:
         if isinstance(t, torch.Tensor):

@@ -1,0 +1,129 @@
+"""The Keras user surface on whichever backend this process runs: summary, MemoryCheck on real fit calls,
+estimate / measure / fit through the public API, and the CLI's .keras loading."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("KERAS_BACKEND") not in ("torch", "jax", "tensorflow"):
+    pytest.skip("needs KERAS_BACKEND", allow_module_level=True)
+
+import keras
+import numpy as np
+from click.testing import CliRunner
+
+import nnmem
+import nnmem.keras as nk
+from nnmem.cli import cli
+
+BACKEND = keras.backend.backend()
+
+
+def _mlp() -> keras.Model:
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(128, activation="relu"),
+                              keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10, activation="softmax")],
+                             name="classic")
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+
+
+def _data(n: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((n, 256)).astype("float32"), rng.integers(0, 10, n).astype("int32")
+
+
+class Batches(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def on_train_batch_end(self, batch: int, logs: object = None) -> None:
+        self.count += 1
+
+
+def test_summary_shows_the_classic_arithmetic_and_both_peaks() -> None:
+    lines: list[str] = []
+    s = nk.summary(_mlp(), batch_size=32, print_fn=lines.append)
+    text = lines[0]
+    assert "256·128 + 128 = 32,896" in text and "128·64 + 64 = 8,256" in text and "64·10 + 10 = 650" in text
+    assert "Total params: 41,802" in text
+    assert s.train is not None and s.train.peak_bytes > s.infer.peak_bytes > 0
+    dense = next(r for r in s.rows if r.name.endswith("dense"))
+    assert dense.parameter_bytes == 32_896 * 4 and dense.output_bytes == 32 * 128 * 4
+    assert sum(r.saved_bytes for r in s.rows) > 0 or BACKEND == "jax"  # XLA does not attribute saved bytes
+
+
+def test_summary_rejects_a_bad_batch_size() -> None:
+    with pytest.raises(nnmem.ConfigError, match="batch_size"):
+        nk.summary(_mlp(), batch_size=0, print_fn=None)
+
+
+def test_memory_check_passes_and_logs_measured_next_to_estimated() -> None:
+    model, (x, y) = _mlp(), _data()
+    logged: list[str] = []
+    check = nk.MemoryCheck("1GiB", batch_size=32, print_fn=logged.append)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[check])
+    assert check.status == "fits" and check.estimate is not None
+    assert any("fits" in line for line in logged)
+    if BACKEND in ("torch", "tensorflow"):
+        assert check.measured_peak is not None and check.measured_peak > 0
+        assert any("measured" in line and "error" in line for line in logged)
+    else:
+        assert check.measured_peak is None and any("exposes no allocator peak" in line for line in logged)
+
+
+def test_memory_check_stops_before_the_first_batch() -> None:
+    model, (x, y) = _mlp(), _data()
+    batches = Batches()
+    with pytest.raises(nnmem.BudgetError, match="over the budget"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0,
+                  callbacks=[nk.MemoryCheck("200KiB", batch_size=32, verbose=0), batches])
+    assert batches.count == 0
+    assert int(model.optimizer.iterations.numpy() if hasattr(model.optimizer.iterations, "numpy")
+               else model.optimizer.iterations) == 0
+
+
+def test_memory_check_warns_near_the_budget() -> None:
+    model, (x, y) = _mlp(), _data()
+    peak = nnmem.estimate(model, x[:32], target=y[:32]).peak_bytes
+    check = nk.MemoryCheck(int(peak / 0.95), batch_size=32, verbose=0)
+    with pytest.warns(ResourceWarning, match="close to the budget"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[check])
+    assert check.status == "warn"
+
+
+def test_memory_check_needs_a_batch_size() -> None:
+    model, (x, y) = _mlp(), _data()
+    with pytest.raises(nnmem.ConfigError, match="batch_size"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[nk.MemoryCheck("1GiB", verbose=0)])
+
+
+def test_training_grows_faster_with_batch_than_inference() -> None:
+    model, (x, y) = _mlp(), _data()
+    fits = {m: nnmem.max_batch(model, x[:8], target=y[:8], budget="64MiB", mode=m) for m in ("train", "infer")}
+    assert fits["infer"].batch > fits["train"].batch > 0
+
+
+def test_cli_refuses_a_lambda_layer_and_estimates_a_plain_file(tmp_path: object) -> None:
+    from pathlib import Path
+
+    folder = Path(str(tmp_path))
+    risky = keras.Sequential([keras.Input((8,)), keras.layers.Lambda(lambda t: t * 2), keras.layers.Dense(2)])
+    risky.compile("adam", "mse")
+    risky.save(folder / "lambda.keras")
+    result = CliRunner().invoke(cli, ["estimate", str(folder / "lambda.keras"), "--batch", "4"])
+    assert result.exit_code == 2 and "Lambda" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    plain = _mlp()
+    plain.save(folder / "plain.keras")
+    result = CliRunner().invoke(cli, ["estimate", str(folder / "plain.keras"), "--batch", "16", "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert '"framework": "keras-' in result.stdout
+
+
+def test_cli_estimates_a_keras_zoo_model() -> None:
+    result = CliRunner().invoke(cli, ["estimate", "keras_mlp", "--batch", "8", "--optimizer", "lion"])
+    assert result.exit_code == 0, result.stderr
+    assert "lion" in result.stdout and "256·128 + 128" in result.stdout
