@@ -258,9 +258,9 @@ def _load_keras_file(path: str) -> Any:
     if not Path(path).is_file():
         raise ModelLoadError(f"model file not found: {path}")
     _keras_frontend()
-    import keras
-
     import warnings
+
+    import keras
 
     try:
         with warnings.catch_warnings():  # Keras warns that a saved optimizer's slots are rebuilt; they are

@@ -21,10 +21,6 @@ import click
 import nnmem
 from nnmem.api import MODES, OPTIMIZERS
 from nnmem.frontends.keras_names import KERAS_OPTIMIZERS
-
-_ALL_OPTIMIZERS = tuple(dict.fromkeys((*OPTIMIZERS, *KERAS_OPTIMIZERS)))
-_OPTIMIZER_HELP = ("Optimizer whose state a training step keeps. Default: sgd for PyTorch models, the compiled "
-                   "one for Keras models (Keras-only: " + ", ".join(k for k in KERAS_OPTIMIZERS if k not in OPTIMIZERS) + ").")
 from nnmem.report.text import (
     render_budget,
     render_comparison,
@@ -35,6 +31,11 @@ from nnmem.report.text import (
     render_report,
     render_summary,
 )
+
+_ALL_OPTIMIZERS = tuple(dict.fromkeys((*OPTIMIZERS, *KERAS_OPTIMIZERS)))
+_OPTIMIZER_HELP = ("Optimizer whose state a training step keeps. Default: sgd for PyTorch models, the compiled "
+                   "one for Keras models (Keras-only: "
+                   + ", ".join(k for k in KERAS_OPTIMIZERS if k not in OPTIMIZERS) + ").")
 
 __all__ = ["main", "cli", "NnmemGroup"]
 
@@ -289,8 +290,8 @@ def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[in
 @click.option("--batch", type=PositiveIntType(), default=None,
               help="Read the figures where the peak is decided at this batch "
                    "[default: at the largest batch that fits, or at large batches].")
-def explain(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...], optimizer: str | None,
-            as_json: bool, batch: int | None) -> None:
+def explain(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...],
+            optimizer: str | None, as_json: bool, batch: int | None) -> None:
     """Why training fits a smaller batch than inference: what grows per sample in each, with MODEL's figures.
 
     With --budget or --device it also finds the largest batch of each.

@@ -6,7 +6,8 @@ nothing batch-sized is allocated to produce them.
 Example:
     >>> import nnmem.keras  # doctest: +SKIP
     >>> nnmem.keras.summary(model, batch_size=32)  # doctest: +SKIP
-    >>> model.fit(x, y, batch_size=32, callbacks=[nnmem.keras.MemoryCheck(budget="16GiB", batch_size=32)])  # doctest: +SKIP
+    >>> check = nnmem.keras.MemoryCheck(budget="16GiB", batch_size=32)  # doctest: +SKIP
+    >>> model.fit(x, y, batch_size=32, callbacks=[check])  # doctest: +SKIP
 """
 
 from __future__ import annotations
