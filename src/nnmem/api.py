@@ -236,7 +236,7 @@ def _keras_example_data(model: Any, batch: int, mode: str, target: Any) -> tuple
         shapes = []
     if not shapes or any(d is None for s in shapes for d in s[1:]):
         raise ConfigError("the Keras model does not declare its input shape: give inputs, or --input-shape D1,D2,...")
-    x = [np.zeros((batch, *s[1:]), dtype=str(t.dtype)) for s, t in zip(shapes, model_inputs)]
+    x = [np.zeros((batch, *s[1:]), dtype=str(t.dtype)) for s, t in zip(shapes, model_inputs or [])]
     if mode == "train" and target is None:
         out = model.outputs[0]
         loss = str(getattr(model, "loss", "") or "")
