@@ -13,7 +13,7 @@ import numpy as np
 
 from nnmem.errors import TraceError
 from nnmem.frontends.keras import jax_backend
-from nnmem.frontends.keras.common import prepare
+from nnmem.frontends.keras.common import array_nbytes, prepare, resident_variables
 from nnmem.measure.child import run_in_child
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Category
@@ -30,19 +30,24 @@ def _estimate(name: str, mode: str) -> Report:
     return report_from_trace(trace, source="estimate", model=name, device="cpu")
 
 
-def _measure(name: str, mode: str) -> dict:
-    # In a child, as the frontend runs it: the measurement pins glibc's mmap threshold for its process.
-    return run_in_child(lambda: jax_backend.measure_step(_step(name, mode), name=name, meta={}).to_dict(),
-                        timeout_s=120)
+def _measure(name: str, mode: str, *, child: bool) -> Report:
+    if child:  # as the frontend runs it; a forkserver child re-imports jax and Keras (~10 s on 2 cores)
+        return Report.from_dict(run_in_child(lambda: jax_backend.measure_step(
+            _step(name, mode), name=name, meta={}).to_dict(), timeout_s=300))
+    # In-process (pins glibc's mmap threshold here, which changes no other test's result). After other
+    # models' steps ran in this process, a later step's rise can read 10-20 % high; these two are stable.
+    return jax_backend.measure_step(_step(name, mode), name=name, meta={})
 
 
-# Models whose step XLA runs without YNNPACK convolution fusions (whose internal buffers the estimate misses).
+# Models whose step XLA runs without large YNNPACK convolution fusions (whose internal buffers the estimate
+# misses) and whose step's rise is well above the measurement's page-level noise (keras_mlp's is ~50-250 KiB).
 @pytest.mark.accuracy
-@pytest.mark.parametrize(("name", "mode"), [("keras_mlp", "train"), ("keras_two_branch_cnn", "train"),
-                                            ("keras_lstm", "infer"), ("keras_subclassed", "infer")])
-def test_estimate_matches_real_step(name: str, mode: str) -> None:
+@pytest.mark.parametrize(("name", "mode", "child"), [("keras_mixed_float16", "infer", True),
+                                                     ("keras_lstm", "train", False),
+                                                     ("keras_subclassed", "infer", False)])
+def test_estimate_matches_real_step(name: str, mode: str, child: bool) -> None:
     estimate = _estimate(name, mode)
-    measured = Report.from_dict(_measure(name, mode))
+    measured = _measure(name, mode, child=child)
     assert measured.source == "measure" and measured.meta["measure.rss_rise_bytes"] > 0
     # The executable Keras cached is the one the estimate compiled.
     assert measured.meta["keras_executable.temp_bytes"] == estimate.meta["xla.temp_bytes"]
@@ -67,12 +72,12 @@ def test_frozen_layers_have_no_optimizer_state() -> None:
     model, x, y, loss = FACTORIES["keras_partly_frozen"](8)
     for layer in model.layers:
         layer.trainable = True
-    thawed = jax_backend.trace_step(prepare(model, x, y, mode="train", optimizer="adam", loss=loss), meta={})
-    thawed_report = report_from_trace(thawed, source="estimate", model="m", device="cpu")
-    frozen_conv_params = (3 * 3 * 3 * 32 + 32) + (3 * 3 * 32 * 32 + 32)
-    gap = thawed_report.breakdown["optimizer state"] - frozen.breakdown["optimizer state"]
-    assert gap == 2 * frozen_conv_params * 4  # Adam's two slots for each frozen conv parameter
-    assert frozen.breakdown["buffers"] > thawed_report.breakdown["buffers"]  # the frozen weights
+    thawed = prepare(model, x, y, mode="train", optimizer="adam", loss=loss)
+    thawed_state = sum(array_nbytes(v) for v, category, _ in resident_variables(thawed.model, "train")
+                       if category is Category.OPTIMIZER_STATE)
+    frozen_params = (3 * 3 * 3 * 32 + 32) + 2 * 32 + (3 * 3 * 32 * 32 + 32)  # conv1, bn1 gamma+beta, conv2
+    assert thawed_state - frozen.breakdown["optimizer state"] == 2 * frozen_params * 4  # Adam's m and v
+    assert frozen.breakdown["buffers"] >= frozen_params * 4  # the frozen weights stay, as buffers
 
 
 def test_mixed_float16_carries_loss_scale_state() -> None:
