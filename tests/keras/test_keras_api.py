@@ -127,3 +127,19 @@ def test_cli_estimates_a_keras_zoo_model() -> None:
     result = CliRunner().invoke(cli, ["estimate", "keras_mlp", "--batch", "8", "--optimizer", "lion"])
     assert result.exit_code == 0, result.stderr
     assert "lion" in result.stdout and "256·128 + 128" in result.stdout
+
+
+def test_optimizer_state_follows_the_keras_optimizer() -> None:
+    x, y = _data(16)
+    states = {}
+    for label, opt in (("sgd", keras.optimizers.SGD()), ("adam", keras.optimizers.Adam()),
+                       ("adam_ema", keras.optimizers.Adam(use_ema=True))):
+        model = _mlp()
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+        report = nnmem.estimate(model, x, target=y)
+        states[label] = report.breakdown["optimizer state"]
+        assert report.optimizer == label.split("_")[0]
+    params = 41_802 * 4
+    # TensorFlow's blocks are BFC chunks (256-byte multiples): allow that rounding on 6 variables per slot
+    assert states["adam"] - states["sgd"] == pytest.approx(2 * params, abs=2 * 6 * 256)  # Adam: two slots
+    assert states["adam_ema"] - states["adam"] == pytest.approx(params, abs=6 * 256)  # EMA: one copy each
