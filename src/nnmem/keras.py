@@ -143,7 +143,8 @@ def summary(model: Any, batch_size: int = 32, mode: str = "both", *, x: Any = No
     infer = estimate(model, ix, mode="infer", batch=batch_size)
     saved = {r.path: r.saved_bytes for r in train.layers} if train is not None else {}
     rows = []
-    layers = {str(getattr(layer, "path", layer.name)): layer for layer in model._flatten_layers(include_self=False)}
+    layers = {str(getattr(layer, "path", None) or layer.name): layer
+              for layer in model._flatten_layers(include_self=False)}
     for r in infer.layers:
         layer = layers.get(r.path)
         shape = _output_shape(layer) if layer is not None else "?"

@@ -194,7 +194,7 @@ def _walk(model: Any) -> Iterator[tuple[str, Any]]:
     for layer in model._flatten_layers(include_self=False, recursive=True):
         if isinstance(layer, keras.layers.InputLayer):
             continue
-        yield str(getattr(layer, "path", layer.name)), layer
+        yield str(getattr(layer, "path", None) or layer.name), layer
 
 
 def layer_infos(model: Any) -> tuple[LayerInfo, ...]:

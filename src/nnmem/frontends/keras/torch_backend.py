@@ -62,7 +62,7 @@ class KerasTracker(StepTracker):
 
         @functools.wraps(original)
         def call(layer: Any, *args: Any, **kwargs: Any) -> Any:
-            path = str(getattr(layer, "path", layer.name))
+            path = str(getattr(layer, "path", None) or layer.name)
             tracker._stack.append(path)
             try:
                 out = original(layer, *args, **kwargs)
