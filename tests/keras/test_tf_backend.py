@@ -10,26 +10,39 @@ if os.environ.get("KERAS_BACKEND") != "tensorflow":
     pytest.skip("needs KERAS_BACKEND=tensorflow", allow_module_level=True)
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
-import gc  # noqa: E402
-
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from nnmem.errors import TraceError  # noqa: E402
+from nnmem.errors import MeasureError, TraceError  # noqa: E402
 from nnmem.frontends.keras import tf_backend  # noqa: E402
 from nnmem.frontends.keras.common import prepare, resident_variables  # noqa: E402
-from nnmem.report.model import report_from_trace  # noqa: E402
+from nnmem.measure.child import run_in_child  # noqa: E402
 from nnmem.trace import Category, Phase  # noqa: E402
 from nnmem.zoo.keras_models import FACTORIES  # noqa: E402
 
 BATCH = 8
-LIMIT = 0.15  # the issue's per-case maximum error against the BFC peak
+LIMIT = 0.15  # the issue's per-case maximum error against the BFC peak (one inter-op thread)
 
-# Cases the sequential replay meets the target on (see the module docstring of tf_backend for the others:
-# oneDNN convolution scratch in training, RNN loops running 32 iterations concurrently).
-CASES = [("keras_transformer_block", "infer"), ("keras_mlp", "train"), ("keras_mlp", "infer"),
-         ("keras_subclassed", "train"), ("keras_two_branch_cnn", "infer"),
-         ("keras_mixed_float16", "train"), ("keras_subclassed", "infer")]
+_RNN_TRAIN = ("on one inter-op thread the executor still picks inline or queued execution by measured kernel "
+              "cost, and the RNN's lowered while loop flips between schedules: 4.2-13.2 MB measured, 4.0 MB "
+              "estimated (the sequential schedule)")
+_RUN_AHEAD = ("the lowered while loop runs input-only ops (x_t @ W) up to 32 iterations ahead of the recurrence; "
+              "the replay runs the body once per iteration")
+_MISSES = {
+    ("keras_lstm", "train"): pytest.mark.xfail(strict=False, reason=_RNN_TRAIN),  # bimodal truth: may pass
+    ("keras_lstm", "infer"): pytest.mark.xfail(strict=True, reason=f"-44%: {_RUN_AHEAD}"),
+    ("keras_conv1d_gru", "train"): pytest.mark.xfail(strict=False, reason=f"-16% to -36% (varies by process): "
+                                                     f"{_RUN_AHEAD}; the gradient loop keeps per-iteration "
+                                                     "weight-gradient partials"),
+    ("keras_transformer_block", "infer"): pytest.mark.xfail(
+        strict=True, reason="+25%: the BFC replay hands the attention scores unsplit chunks that the real "
+                            "allocator's layout (set by setup allocations the replay does not see) avoids"),
+    ("keras_separable_cnn", "train"): pytest.mark.xfail(
+        strict=False, reason="-14% to -25%: measured peak spreads 6.4-7.9 MB from step to step and process to "
+                             "process (BFC layout left by setup)"),
+}
+CASES = [pytest.param(name, mode, marks=_MISSES.get((name, mode), ()), id=f"{name}-{mode}")
+         for name in FACTORIES for mode in ("train", "infer")]
 
 
 def _step(name: str, mode: str, batch: int = BATCH):  # type: ignore[no-untyped-def]
@@ -37,6 +50,23 @@ def _step(name: str, mode: str, batch: int = BATCH):  # type: ignore[no-untyped-
     if mode == "train":
         return prepare(model, x, y, mode="train", optimizer="adam", loss=loss)
     return prepare(model, x, None, mode="infer")
+
+
+def _measured(name: str, mode: str) -> tuple[int, int]:
+    """(estimated, measured) peak in bytes of one zoo step, in a fresh process on one inter-op thread."""
+
+    def work() -> tuple[int, int]:
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # before TensorFlow is imported in this child
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        os.environ["KERAS_BACKEND"] = "tensorflow"
+        from nnmem.frontends.keras import tf_backend as backend
+
+        backend.single_inter_op_thread()  # before building the model runs TensorFlow's first op
+        report = backend.measure_step(_step(name, mode), name=name, meta={})
+        return int(report.meta["estimated_peak"]), report.peak_bytes
+
+    result: tuple[int, int] = run_in_child(work, timeout_s=240)
+    return result
 
 
 def test_bfc_allocator_is_on() -> None:
@@ -47,15 +77,26 @@ def test_bfc_allocator_is_on() -> None:
 @pytest.mark.accuracy
 @pytest.mark.parametrize(("name", "mode"), CASES)
 def test_estimate_matches_bfc_peak(name: str, mode: str) -> None:
-    gc.collect()
-    foreign = tf.config.experimental.get_memory_info("CPU:0")["current"]  # left by earlier cases in this process
-    step = _step(name, mode)
-    est = report_from_trace(tf_backend.trace_step(step, meta={}), source="estimate", model=name, device="cpu")
-    meas = tf_backend.measure_step(step, name=name, meta={})
-    measured = meas.peak_bytes - foreign
-    assert abs(est.peak_bytes - measured) <= LIMIT * measured, (
-        f"estimated {est.peak_bytes:,} B, measured {measured:,} B ({(est.peak_bytes - measured) / measured:+.1%})")
-    assert meas.meta["method"] == "bfc_peak"
+    estimated, measured = _measured(name, mode)
+    assert abs(estimated - measured) <= LIMIT * measured, (
+        f"estimated {estimated:,} B, measured {measured:,} B ({(estimated - measured) / measured:+.1%})")
+
+
+def test_measure_refuses_a_runtime_with_several_inter_op_threads() -> None:
+    if tf.config.threading.get_inter_op_parallelism_threads() == 1 or os.cpu_count() == 1:
+        pytest.skip("this process runs one inter-op thread")
+    with pytest.raises(MeasureError, match="1 inter-op thread"):
+        tf_backend.measure_step(_step("keras_mlp", "infer"), name="keras_mlp", meta={})
+
+
+def test_bfc_replay_hands_out_unsplit_chunks() -> None:
+    bfc = tf_backend._BFC()
+    big, chunk = bfc.alloc(1_800_000)
+    assert chunk == 2 << 20  # the first 2 MiB region is under 2x the request: handed out whole
+    assert bfc.alloc(1000)[1] == 1024  # a new (4 MiB) region, split: 1000 B rounded to 256 B
+    bfc.release(big)
+    assert bfc.alloc(1 << 20)[1] == 1 << 20  # the freed 2 MiB chunk is 2x this request: split
+    assert bfc.in_use == (1 << 20) + 1024
 
 
 def test_trace_categories_and_meta() -> None:
@@ -65,7 +106,7 @@ def test_trace_categories_and_meta() -> None:
     assert {Category.PARAMETERS, Category.OPTIMIZER_STATE, Category.INPUTS, Category.GRADIENTS} <= cats
     grads = sum(b.nbytes for b in trace.blocks if b.category is Category.GRADIENTS)
     params = sum(b.nbytes for b in trace.blocks if b.category is Category.PARAMETERS)
-    assert grads == params  # one gradient per trainable variable, of its size
+    assert params <= grads < 2 * params  # one gradient per trainable variable, in a BFC chunk of at least its size
     assert trace.framework == "keras-tensorflow" and trace.meta["optimizer"] == "adam"
     assert {op.phase for op in trace.ops} == {Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER}
     layers = {b.layer for b in trace.blocks if b.category is Category.SAVED_ACTIVATIONS}
@@ -77,7 +118,9 @@ def test_frozen_layers_have_no_gradients_or_slots() -> None:
     step = _step("keras_partly_frozen", "train")
     trace = tf_backend.trace_step(step, meta={})
     trainable = sum(tf_backend.bfc_round(int(np.prod(v.shape)) * 4) for v in step.model.trainable_variables)
-    assert sum(b.nbytes for b in trace.blocks if b.category is Category.GRADIENTS) == trainable
+    grads = [b.nbytes for b in trace.blocks if b.category is Category.GRADIENTS]
+    assert len(grads) == len(step.model.trainable_variables)
+    assert trainable <= sum(grads) < 2 * trainable  # BFC chunks: at least the request, under twice it
     frozen = {b.layer for b in trace.blocks if b.category is Category.GRADIENTS}
     assert not any(path.split("/")[-1].startswith("frozen_") for path in frozen)
     slots = [layer for _, c, layer in resident_variables(step.model, "train") if c is Category.OPTIMIZER_STATE]

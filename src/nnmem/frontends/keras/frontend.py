@@ -97,6 +97,9 @@ def measure_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn
 
         from nnmem.frontends.keras import frontend as here
 
+        if backend == "tensorflow":  # the measured step runs on one inter-op thread, set before TF starts
+            here.backend_module(backend).single_inter_op_thread()
+
         if factory is not None:
             m, x, y, loss = here.from_factory(factory, batch or 1)
             x = x if inputs is None else _unpack(inputs)

@@ -12,17 +12,28 @@ allocated) and replays its graph the way the executor frees memory:
   write into an input buffer they hold the last reference to (``OpKernelContext::forward_input``);
 * control flow: an ``If`` / ``While`` body is replayed on its own and its rise counted as the op's
   workspace; a forward ``While`` whose body pushes onto gradient accumulators keeps ``iterations ×``
-  the pushed tensors until the gradient loop has consumed them.
+  the pushed tensors until the gradient loop has consumed them;
+* the allocator: the BFC allocator is replayed (:class:`_BFC`) over three steps, and each block gets the chunk
+  it is handed in the last one. BFC splits a free chunk only when it is at least twice the request, so a
+  1 MiB activation often gets a whole 1.8 MiB chunk left by the step before; measured with the profiler's
+  allocator events (``tf.profiler.experimental``, ``MemoryAllocation`` ``allocation_bytes`` against
+  ``requested_bytes``), that waste is the whole gap of the conv nets (keras_separable_cnn infer: 910,080 B of
+  a 927 KB gap; keras_partly_frozen infer: 622,080 B of 639 KB), while oneDNN kernel scratch (``temp``
+  allocations) is 12,336 B per fused convolution and is left out.
 
-Ops run in graph-construction order, one at a time. The real executor runs independent ops
-concurrently (inter-op threads, ``parallel_iterations=32`` in Keras's RNN loops), so the measured peak of a
-recurrent net varies from run to run; the estimate is the sequential schedule.
+Ops run in graph-construction order, one at a time. The truth it is compared with runs on one inter-op
+thread (:func:`measure_step`); with TensorFlow's default inter-op parallelism independent ops run
+concurrently and the peak varies from run to run (``parallel_iterations=32`` in Keras's RNN loops). Even on
+one thread the executor picks inline or queued execution by each kernel's measured cost, so a recurrent
+step still flips between schedules; the estimate is the sequential one.
 """
 
 from __future__ import annotations
 
+import os
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +53,7 @@ from nnmem.frontends.keras.common import (
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
-__all__ = ["trace_step", "measure_step", "bfc_round"]
+__all__ = ["trace_step", "measure_step", "single_inter_op_thread", "bfc_round"]
 
 BFC_MIN_ALLOCATION = 256
 """tensorflow/core/common_runtime/bfc_allocator.h: ``kMinAllocationSize = 256``; every chunk is a multiple."""
@@ -76,6 +87,103 @@ def bfc_round(nbytes: int) -> int:
     if nbytes <= 0:
         return 0
     return -(-nbytes // BFC_MIN_ALLOCATION) * BFC_MIN_ALLOCATION
+
+
+class _BFC:
+    """TensorFlow's BFC allocator, replayed: which chunk each request gets, and so the bytes in use.
+
+    tensorflow/core/common_runtime/bfc_allocator.cc: a request is rounded up to 256 B and served by the
+    smallest free chunk that fits (ties: lowest address); the chunk is split only when it is at least twice the
+    request (``kMaxInternalFragmentation`` is 128 MiB), otherwise the whole chunk is handed out and counts as
+    in use. Freed chunks merge with free neighbours of the same region. With no fitting chunk a new region is
+    added: ``curr_region_allocation_bytes_`` (2 MiB at first with ``allow_growth``, doubled until the request
+    fits, and doubled after each extension that did not need doubling).
+    """
+
+    def __init__(self) -> None:
+        self.chunks: dict[int, list[int]] = {}  # addr -> [size, in_use, region]
+        self.ends: dict[int, int] = {}  # end addr -> addr
+        self.free: list[tuple[int, int]] = []  # (size, addr), sorted
+        self.region = 2 << 20
+        self.regions = 0
+        self.in_use = 0
+
+    def _add_free(self, addr: int, size: int, region: int) -> None:
+        self.chunks[addr] = [size, 0, region]
+        self.ends[addr + size] = addr
+        insort(self.free, (size, addr))
+
+    def _take_free(self, addr: int) -> tuple[int, int]:
+        size, _, region = self.chunks.pop(addr)
+        del self.ends[addr + size]
+        self.free.pop(bisect_left(self.free, (size, addr)))
+        return size, region
+
+    def alloc(self, nbytes: int) -> tuple[int, int]:
+        """Serve a request of ``nbytes``; returns (address, chunk bytes)."""
+        want = max(BFC_MIN_ALLOCATION, bfc_round(nbytes))
+        at = bisect_left(self.free, (want, -1))
+        if at == len(self.free):
+            grew = False
+            while want > self.region:
+                self.region *= 2
+                grew = True
+            self.regions += 1
+            self._add_free(self.regions << 44, self.region, self.regions)
+            if not grew:
+                self.region *= 2
+            at = bisect_left(self.free, (want, -1))
+        size, addr = self.free[at]
+        size, region = self._take_free(addr)
+        if size >= 2 * want:
+            self._add_free(addr + want, size - want, region)
+            size = want
+        self.chunks[addr] = [size, 1, region]
+        self.ends[addr + size] = addr
+        self.in_use += size
+        return addr, size
+
+    def release(self, addr: int) -> None:
+        size, _, region = self.chunks.pop(addr)
+        del self.ends[addr + size]
+        self.in_use -= size
+        nxt = self.chunks.get(addr + size)
+        if nxt is not None and not nxt[1] and nxt[2] == region:
+            size += self._take_free(addr + size)[0]
+        prev = self.ends.get(addr)
+        if prev is not None and not self.chunks[prev][1] and self.chunks[prev][2] == region:
+            size += self._take_free(prev)[0]
+            addr = prev
+        self._add_free(addr, size, region)
+
+
+BFC_STEPS = 3
+"""Steps the allocator replay runs; chunk sizes come from the last (the free chunks a step finds are those the
+previous step left: 2 warm-up steps and a measured one, as in :func:`measure_step`)."""
+
+
+def _bfc_chunks(resident: list[int], sizes: list[int], alloc_at: list[int], free_at: list[int],
+                workspace: list[int]) -> list[int]:
+    """The chunk bytes each step block gets from the BFC allocator in a steady-state step, in bytes."""
+    bfc = _BFC()
+    for nbytes in resident:
+        bfc.alloc(nbytes)
+    born: dict[int, list[int]] = {}
+    dying: dict[int, list[int]] = {}
+    for b, (a, f) in enumerate(zip(alloc_at, free_at)):
+        born.setdefault(a, []).append(b)
+        dying.setdefault(f if f >= 0 else len(workspace) - 1, []).append(b)
+    chunks = [0] * len(sizes)
+    for _ in range(BFC_STEPS):
+        addrs: dict[int, int] = {}
+        for i, scratch in enumerate(workspace):
+            for b in born.get(i, ()):
+                addrs[b], chunks[b] = bfc.alloc(sizes[b])
+            if scratch:
+                bfc.release(bfc.alloc(scratch)[0])
+            for b in dying.get(i, ()):
+                bfc.release(addrs[b])
+    return chunks
 
 
 def _tensor_bytes(t: Any) -> int:
@@ -284,7 +392,7 @@ def _recording(model: Any) -> Iterator[_Spans]:
         try:
             return original(layer, *args, **kwargs)
         finally:
-            spans.layers.append((start, count(), str(getattr(layer, "path", layer.name))))
+            spans.layers.append((start, count(), str(getattr(layer, "path", None) or layer.name)))
 
     opt = getattr(model, "optimizer", None)
     keras.layers.Layer.__call__ = call  # type: ignore[method-assign]
@@ -461,7 +569,9 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     cats = _categorize(replay, where, _gradient_blocks(ops, replay, where) if step.mode == "train" else set())
     blocks = _resident(step, graph)
     base = len(blocks)
-    for b, size in enumerate(replay.sizes):
+    chunks = _bfc_chunks([b.nbytes for b in blocks], replay.sizes, replay.alloc_at, replay.free_at,
+                         [w for *_, w in replay.ops])
+    for b, size in enumerate(chunks):
         free = replay.free_at[b]
         blocks.append(Block(base + b, size, cats[b], replay.layers[b] or where[replay.alloc_at[b]][1],
                             where[replay.alloc_at[b]][0], replay.alloc_at[b], free))
@@ -493,23 +603,68 @@ def _run(step: KerasStep, x: Any, y: Any) -> None:
 
 
 MEASURED_STEPS = 3
-"""Steps measured after the warm-up; the report takes their median peak (the executor's inter-op threads make
-the peak vary from step to step, most for recurrent nets)."""
+"""Steps measured after the warm-up; the report takes their median peak. One inter-op thread does not make the
+peak repeat exactly: the executor runs a ready op inline or queues it by its measured cost (``KernelStats``,
+8000 cycles, a moving average over runs), so the order of ready ops drifts with timing. Dense and conv steps
+repeat within a few percent; a Keras RNN's lowered while loop (``parallel_iterations=32``) flips between
+schedules whose peaks differ up to 3x (keras_lstm train: 4.2 MB and 13.2 MB within one process)."""
 
 
-def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
-    """Run the real step and report the BFC allocator's peak (bytes in use, variables included).
+def single_inter_op_thread() -> None:
+    """Make TensorFlow's executor run one op at a time (one inter-op thread), the schedule the estimate models.
 
-    Call in a process that set ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow was imported. The data
-    become tensors first (live before the step, like the variables); 2 train steps (1 inference step) warm up
-    the function and the allocator; then each measured step runs between ``reset_memory_stats`` and a read of
-    ``peak``.
+    Call before TensorFlow runs its first op (building a Keras model runs ops); ``TF_NUM_INTEROP_THREADS=1``
+    in the environment before that has the same effect.
 
     Raises:
-        MeasureError: the BFC allocator is not in use (its statistics read 0).
+        MeasureError: TensorFlow already runs with more than one inter-op thread.
     """
     from nnmem.errors import MeasureError
 
+    with suppress(RuntimeError):  # already started: fine only if it was started with one thread (checked below)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    threads = _inter_op_threads()
+    if threads is not None and threads != 1:
+        raise MeasureError(f"expected TensorFlow to run 1 inter-op thread (the sequential schedule the estimate "
+                           f"models); it was started with {threads}: set TF_NUM_INTEROP_THREADS=1 in the "
+                           "environment, or call tf_backend.single_inter_op_thread(), before TensorFlow runs "
+                           "its first op (building the model runs ops)")
+
+
+def _inter_op_threads() -> int | None:
+    """Threads of the started runtime's inter-op pool (named ``tf_Compute``); None where /proc cannot tell."""
+    tf.constant(1.0) + 1.0  # starts the runtime with the configured pools (nothing once started)
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    count = 0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                count += f.read().strip() == "tf_Compute"
+        except OSError:
+            continue
+    return count or None
+
+
+def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
+    """Run the real step on one inter-op thread and report the BFC allocator's peak (bytes in use, variables included).
+
+    Call in a fresh process that set ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow was imported and
+    either called :func:`single_inter_op_thread` or set ``TF_NUM_INTEROP_THREADS=1`` before TensorFlow ran its
+    first op. The peak is for one inter-op thread: with TensorFlow's default inter-op parallelism it varies
+    from run to run (a Keras RNN's while loop runs up to 32 iterations concurrently). The data become tensors
+    first (live before the step, like the variables); 2 train steps (1 inference step) warm up the function
+    and the allocator; then each measured step runs between ``reset_memory_stats`` and a read of ``peak``.
+
+    Raises:
+        MeasureError: the BFC allocator is not in use (its statistics read 0), or TensorFlow runs more than
+            one inter-op thread.
+    """
+    from nnmem.errors import MeasureError
+
+    single_inter_op_thread()
     trace = trace_step(step, meta=meta)
     x = keras.tree.map_structure(tf.convert_to_tensor, step.x)
     y = keras.tree.map_structure(tf.convert_to_tensor, step.y) if step.y is not None else None
@@ -526,11 +681,14 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
         peaks.append(_memory_info()["peak"])
     peak = int(sorted(peaks)[len(peaks) // 2])
     resident = int(sorted(before)[len(before) // 2])
-    notes = (f"allocator peak: TensorFlow BFC bytes in use, median of {MEASURED_STEPS} steps "
-             f"({', '.join(f'{p:,}' for p in peaks)} B); {resident:,} B in use before the step "
-             f"(estimated resident: {trace.resident_bytes:,} B)",)
-    info = {**trace.meta, "method": "bfc_peak", "resident_measured": resident, "peak_min": min(peaks),
-            "peak_max": max(peaks)}
+    notes = (f"allocator peak: TensorFlow BFC bytes in use on 1 inter-op thread, median of {MEASURED_STEPS} "
+             f"steps ({', '.join(f'{p:,}' for p in peaks)} B); {resident:,} B in use before the step "
+             f"(estimated resident: {trace.resident_bytes:,} B)",
+             "with TensorFlow's default inter-op parallelism the peak varies from run to run (e.g. Keras's RNN "
+             "while loop runs up to 32 iterations concurrently); on one thread recurrent steps still vary")
+    estimated = report_from_trace(trace, source="estimate", model=name, device="cpu").peak_bytes
+    info = {**trace.meta, "method": "bfc_peak", "inter_op_threads": 1, "resident_measured": resident,
+            "peak_min": min(peaks), "peak_max": max(peaks), "estimated_peak": estimated}
     trace = Trace(trace.framework, trace.mode, trace.blocks, trace.ops, trace.layers, info)
     return report_from_trace(trace, source="measure", model=name, device="cpu",
                              overrides={"allocator": peak}, notes=notes)
