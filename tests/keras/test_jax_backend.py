@@ -30,29 +30,62 @@ def _estimate(name: str, mode: str) -> Report:
     return report_from_trace(trace, source="estimate", model=name, device="cpu")
 
 
-def _measure(name: str, mode: str, *, child: bool) -> Report:
-    if child:  # as the frontend runs it; a forkserver child re-imports jax and Keras (~10 s on 2 cores)
-        return Report.from_dict(run_in_child(lambda: jax_backend.measure_step(
-            _step(name, mode), name=name, meta={}).to_dict(), timeout_s=300))
-    # In-process (pins glibc's mmap threshold here, which changes no other test's result). After other
-    # models' steps ran in this process, a later step's rise can read 10-20 % high; these two are stable.
-    return jax_backend.measure_step(_step(name, mode), name=name, meta={})
+def _estimate_and_measure(name: str, mode: str) -> tuple[Report, Report]:
+    """The case's estimate and measurement, both made in a fresh child (~10 s of jax import each).
+
+    A child per case: measured after other models' steps in the same process, a step's rise read up to 60 %
+    off (keras_lstm infer: 106 KiB instead of 270 KiB), as pages freed by earlier steps got reused.
+    """
+    estimate, measured = run_in_child(lambda: (_estimate(name, mode).to_dict(), jax_backend.measure_step(
+        _step(name, mode), name=name, meta={}).to_dict()), timeout_s=300)
+    return Report.from_dict(estimate), Report.from_dict(measured)
 
 
-# Models whose step XLA runs without large YNNPACK convolution fusions (whose internal buffers the estimate
-# misses) and whose step's rise is well above the measurement's page-level noise (keras_mlp's is ~50-250 KiB).
+_MODES = ("train", "infer")
+# Errors from three full sweeps (a fresh process per case, batch 8, 2 CPU cores, jax 0.10.2).
+_MISSES = {  # beyond 10 % in every sweep: what the estimate lacks
+    ("keras_transformer_block", "train"): "internal buffers of YNNPACK dot/softmax fusions are not modelled "
+                                          "(no rule for dots: single dots showed none); -26 %, -27 %",
+    ("keras_separable_cnn", "train"): "the backward pass's YNNPACK convolution scratch is not modelled at "
+                                      "the peak; -14 %, -13 %",
+    ("keras_separable_cnn", "infer"): "one YNNPACK fusion runs five convolutions; only its largest padded "
+                                      "input is modelled, not the tiled intermediates; -56 %, -56 %",
+    ("keras_conv1d_gru", "infer"): "YNNPACK dot+pool fusion intermediates are not modelled; -15 %, -24 %",
+    ("keras_partly_frozen", "train"): "YNNPACK fusion intermediates are not modelled; -21 %, -18 %",
+}
+_NOISY = {  # within 10 % in one sweep, beyond it in another
+    ("keras_mlp", "train"): "+34 %, +23 %, then within 10 %: the rise reads 4 KiB or 172 KiB of 165 KiB temps",
+    ("keras_lstm", "infer"): "-0.3 %, +12 %",
+    ("keras_transformer_block", "infer"): "-4.7 %, -10.4 %",
+    ("keras_mixed_float16", "infer"): "-10.7 %, -12.8 %",
+    ("keras_partly_frozen", "infer"): "-17.5 %, -4.8 % (the rises spread 30 %)",
+}
+_QUICK = {("keras_lstm", "train"), ("keras_conv1d_gru", "train"), ("keras_two_branch_cnn", "infer")}
+_ALL = os.environ.get("NNMEM_ACCURACY_ALL") == "1"
+
+
+def _case(name: str, mode: str) -> object:
+    marks = [] if _ALL or (name, mode) in _QUICK else [pytest.mark.skip(
+        reason="the full sweep takes ~6 min on 2 cores: set NNMEM_ACCURACY_ALL=1")]
+    if (name, mode) in _MISSES:
+        marks.append(pytest.mark.xfail(strict=True, reason=_MISSES[(name, mode)]))
+    elif (name, mode) in _NOISY:
+        marks.append(pytest.mark.xfail(strict=False, reason="measurement noise: " + _NOISY[(name, mode)]))
+    return pytest.param(name, mode, marks=marks)
+
+
 @pytest.mark.accuracy
-@pytest.mark.parametrize(("name", "mode", "child"), [("keras_mixed_float16", "infer", True),
-                                                     ("keras_lstm", "train", False),
-                                                     ("keras_subclassed", "infer", False)])
-def test_estimate_matches_real_step(name: str, mode: str, child: bool) -> None:
-    estimate = _estimate(name, mode)
-    measured = _measure(name, mode, child=child)
+@pytest.mark.parametrize(("name", "mode"), [_case(name, mode) for name in FACTORIES for mode in _MODES])
+def test_estimate_matches_real_step(name: str, mode: str) -> None:
+    estimate, measured = _estimate_and_measure(name, mode)
     assert measured.source == "measure" and measured.meta["measure.rss_rise_bytes"] > 0
     # The executable Keras cached is the one the estimate compiled.
     assert measured.meta["keras_executable.temp_bytes"] == estimate.meta["xla.temp_bytes"]
+    assert estimate.breakdown.get(Category.WORKSPACE.value, 0) == estimate.meta["xla.conv_workspace_bytes"]
+    if (name, mode) == ("keras_two_branch_cnn", "infer"):  # the 5x5 Eigen convolution's im2col, in bytes
+        assert estimate.meta["xla.max_conv_scratch_bytes"] == 8 * 32 * 32 * 5 * 5 * 3 * 4
     error = abs(estimate.peak_bytes - measured.peak_bytes) / measured.peak_bytes
-    assert error <= 0.10, (estimate.peak_bytes, measured.peak_bytes)
+    assert error <= 0.10, (estimate.peak_bytes, measured.peak_bytes, measured.meta["measure.rss_rises"])
 
 
 def test_breakdown_is_the_state_plus_the_step() -> None:
