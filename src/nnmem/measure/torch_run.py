@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 from nnmem.frontends.pytorch.step import prepare_step, run_step, trace_prepared
 from nnmem.report.model import Report, report_from_trace
 
-__all__ = ["measure_step", "allocator_rise"]
+__all__ = ["measure_step", "allocator_rise", "storage_bytes"]
 
 WARMUP = {"train": 2, "infer": 1}
 
@@ -89,6 +89,11 @@ def _live_storage_bytes(model: torch.nn.Module, inputs: Any, target: Any,
     if opt is not None:
         tensors += [v for state in opt.state.values() for v in state.values()]
     tensors += tree_flatten((inputs, target))[0]
+    return storage_bytes(tensors)
+
+
+def storage_bytes(tensors: list[Any]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views and shared storages counted once)."""
     seen: dict[int, int] = {}
     for t in tensors:
         if isinstance(t, torch.Tensor):

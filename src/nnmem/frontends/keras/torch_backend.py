@@ -30,6 +30,7 @@ import torch
 from nnmem.errors import TraceError
 from nnmem.frontends.keras.common import KerasStep, flat_arrays, layer_infos, resident_variables
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
+from nnmem.measure.torch_run import _quiet_stderr, allocator_rise, storage_bytes
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Category, Phase, Trace
 
@@ -209,7 +210,6 @@ def _register(tracker: StepTracker, step: KerasStep, x: Any, y: Any) -> None:
 def _traced(step: KerasStep, x: Any, y: Any, rules: OpRules | None, meta: dict[str, object]) -> Trace:
     tracker = KerasTracker(rules)
     tracker.training = step.mode == "train"
-    tracker.accumulate_inplace = True
     _register(tracker, step, x, y)
     owner = {id(v._value): layer for v, _, layer in resident_variables(step.model, step.mode)}
     with tracker, tracker.layer_hooks(), _phases(tracker, step.model):
@@ -259,7 +259,6 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
     profiler's ``[memory]`` events (the profiled steps run without the tracker)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from nnmem.measure.torch_run import _quiet_stderr, allocator_rise
 
     x = _as_torch(step.x, lambda a: torch.as_tensor(a))
     y = _as_torch(step.y, lambda a: torch.as_tensor(a))
@@ -282,7 +281,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
 
 def live_variable_bytes(model: Any) -> int:
     """Bytes of the storages of every Keras variable (model, optimizer, metrics) and their gradients."""
-    return _storage_bytes(_variable_tensors(model))
+    return storage_bytes(_variable_tensors(model))
 
 
 def _variable_tensors(model: Any) -> list[Any]:
@@ -295,13 +294,5 @@ def _variable_tensors(model: Any) -> list[Any]:
 
 
 def _live_bytes(step: KerasStep, x: Any, y: Any) -> int:
-    return _storage_bytes([*_variable_tensors(step.model), *flat_arrays((x, y))])
+    return storage_bytes([*_variable_tensors(step.model), *flat_arrays((x, y))])
 
-
-def _storage_bytes(tensors: list[Any]) -> int:
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            storage = t.untyped_storage()
-            seen[storage.data_ptr() or id(storage)] = storage.nbytes()
-    return sum(seen.values())

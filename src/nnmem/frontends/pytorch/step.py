@@ -179,7 +179,6 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
     """Trace one step of a model whose optimizer is already in steady state."""
     tracker = StepTracker(model, rules)
     tracker.training = mode == "train"
-    tracker.accumulate_inplace = True
     owner = _owners(model)
     _register_resident(tracker, model, inputs, target, opt, owner)
     with tracker, tracker.layer_hooks():

@@ -72,8 +72,7 @@ class StepTracker(TorchDispatchMode):
         self._layer_out: dict[str, int] = {}
         self.phase = Phase.SETUP
         self.training = True
-        self.accumulate_inplace = False
-        self._adds: list[tuple[int, int | None, int | None]] = []  # (op index, block of arg 0, block of arg 1)
+        self._adds: list[tuple[int, int, int | None, int | None]] = []  # (op, output block, arg 0, arg 1 blocks)
 
     # ---- resident storages -------------------------------------------------------------------
     def add_resident(self, tensor: torch.Tensor, category: Category, layer: str = "") -> None:
@@ -133,8 +132,10 @@ class StepTracker(TorchDispatchMode):
         for i, tensor in fresh:
             nbytes = sizes[i] if sizes is not None else None
             record[3] += self._register(tensor, None, layer, self.phase, index, nbytes)
-        if self.accumulate_inplace and self.phase is Phase.BACKWARD and _is_accumulation(func, args, kwargs, fresh):
-            self._adds.append((index, self.block_of(args[0]), self.block_of(args[1])))
+        if self.phase is Phase.BACKWARD and _is_accumulation(func, args, kwargs, fresh):
+            out_block = self.block_of(fresh[0][1])
+            if out_block is not None:
+                self._adds.append((index, out_block, self.block_of(args[0]), self.block_of(args[1])))
         if self.phase is Phase.FORWARD:
             for tensor in tensors:
                 if tensor.grad_fn is not None:
@@ -189,17 +190,16 @@ class StepTracker(TorchDispatchMode):
         operand's block, as the in-place add does in the real run.
         """
         merged: dict[int, int] = {}  # block folded into another → the block that carries its bytes
-        for index, first, second in self._adds:
+        for index, out_id, first, second in self._adds:
             op = self._ops[index]
             for operand in (first, second):
                 if operand is None:
                     continue
                 operand = merged.get(operand, operand)
                 old = self._blocks[operand]
-                if old.free_op != index or op[3] != old.nbytes:
-                    continue
-                out_id = next(i for i, b in enumerate(self._blocks) if b.alloc_op == index and b.nbytes == old.nbytes)
                 out = self._blocks[out_id]
+                if old.free_op != index or op[3] != old.nbytes or out.nbytes != old.nbytes:
+                    continue
                 old.free_op = out.free_op  # the in-place sum lives as long as the new block would have
                 op[3] -= out.nbytes
                 op[4] -= old.nbytes
