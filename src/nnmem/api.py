@@ -140,8 +140,7 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
     """
     _check(mode, optimizer, batch, device)
     notes: list[str] = []
-    name = model if isinstance(model, str) else getattr(model, "name", None) if _is_keras(model) else None
-    name = name or type(model).__name__
+    name = _display_name(model)
     if isinstance(model, str) and model.endswith(".keras"):
         model = _load_keras_file(model)
     if isinstance(model, str) and (factory := _keras_factory(model)) is not None:
@@ -151,11 +150,8 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
         target = target if target is not None else y
         loss_fn = loss_fn if loss_fn is not None else loss
     if _is_keras(model):
-        if inputs is None and input_shape:
-            inputs = _zeros(batch or 1, _shapes(input_shape))
-        if inputs is None:
-            inputs, target, note = _keras_example_data(model, batch or 1, mode, target)
-            notes.append(note)
+        inputs, target, note = _keras_data(model, inputs, target, input_shape, batch, mode)
+        notes += [note] if note else []
         return _keras_frontend().estimate_keras(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn,
                                                 target=target, device=device, name=name, batch=batch,
                                                 notes=tuple(notes))
@@ -187,16 +183,15 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     if device.strip().lower() != "cpu":
         raise UnsupportedError(f"measuring on device {device!r}: this version measures CPU steps only "
                                "(device='cpu'); benchmarks/cuda_validate.py measures on a GPU")
-    name = model if isinstance(model, str) else getattr(model, "name", None) if _is_keras(model) else None
-    name = name or type(model).__name__
+    name = _display_name(model)
     if isinstance(model, str) and model.endswith(".keras"):
         model = _load_keras_file(model)
     factory = _keras_factory(model) if isinstance(model, str) else None
     if factory is not None or _is_keras(model):
-        if inputs is None and input_shape:
+        if factory is None:
+            inputs, target, _ = _keras_data(model, inputs, target, input_shape, batch, mode)
+        elif inputs is None and input_shape:
             inputs = _zeros(batch or 1, _shapes(input_shape))
-        if factory is None and inputs is None:
-            inputs, target, _ = _keras_example_data(model, batch or 1, mode, target)
         return _keras_frontend().measure_keras(None if factory else model, inputs, mode=mode, optimizer=optimizer,
                                                loss_fn=loss_fn, target=target, device=device, name=name,
                                                batch=batch, timeout_s=timeout_s, factory=factory)
@@ -216,6 +211,24 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
                                       batch=batch).to_dict()
 
     return Report.from_dict(run_in_child(work, timeout_s=timeout_s))
+
+
+def _display_name(model: Any) -> str:
+    """The name a report shows: the spec as given, a Keras model's own name, else the class name."""
+    if isinstance(model, str):
+        return model
+    return str((getattr(model, "name", None) if _is_keras(model) else None) or type(model).__name__)
+
+
+def _keras_data(model: Any, inputs: Any, target: Any, input_shape: Any, batch: int | None,
+                mode: str) -> tuple[Any, Any, str | None]:
+    """Inputs (and target) for a Keras step: as given, zeros of ``input_shape``, or zeros of the model's own
+    declared shapes (with a note saying so)."""
+    if inputs is not None:
+        return inputs, target, None
+    if input_shape:
+        return _zeros(batch or 1, _shapes(input_shape)), target, None
+    return _keras_example_data(model, batch or 1, mode, target)
 
 
 def _zeros(batch: int, shapes: tuple[tuple[int, ...], ...]) -> Any:

@@ -97,7 +97,7 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
     trace_at = _tracer(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                        input_shape=input_shape)
     return search_max_batch(trace_at, budget_bytes, level, upper=upper, progress=progress,
-                            peak_of=_cuda_peak_of(device, _keras_like(model)))
+                            peak_of=_cuda_peak_of(device, model))
 
 
 def _keras_like(model: Any) -> bool:
@@ -106,14 +106,14 @@ def _keras_like(model: Any) -> bool:
     return _is_keras(model)
 
 
-def _cuda_peak_of(device: str, model_is_keras: bool = False) -> Callable[[Trace], int] | None:
+def _cuda_peak_of(device: str, model: Any = None) -> Callable[[Trace], int] | None:
     """On a CUDA device, the reserved peak of a trace (what decides an OOM there); else None."""
     from nnmem.cuda import cuda_target
 
     cuda_device = cuda_target(device)
     if cuda_device is None:
         return None
-    if model_is_keras:
+    if _keras_like(model):
         from nnmem.errors import UnsupportedError
 
         raise UnsupportedError("Keras steps are searched for device 'cpu' (with budget=) only in this version; "
@@ -152,7 +152,7 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
 
             raise UnsupportedError(f"{mode}: the step runs different ops at batch {b1} and {b2}")
         fit = (search_max_batch(trace_at, budget_bytes, "allocator", progress=progress,
-                                peak_of=_cuda_peak_of(device, _keras_like(model)))
+                                peak_of=_cuda_peak_of(device, model))
                if budget_bytes is not None else None)
         figures[mode] = mode_figures(mode, curve, trace_at(b1), trace_at(b2), batch, fit)
         if mode == "train":
