@@ -54,10 +54,25 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
     return factory
 
 
+_LOADED: dict[str, tuple[int, Any]] = {}  # resolved path → (mtime_ns when imported, module)
+
+
 def _load_file(path_text: str) -> Any:
+    """Import a model file once per version of it: asking which framework a spec uses and then building
+    it must not run the user's module twice."""
     path = Path(path_text)
     if not path.is_file():
         raise ModelLoadError(f"model file not found: {path_text}")
+    key, mtime = str(path.resolve()), path.stat().st_mtime_ns
+    cached = _LOADED.get(key)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    module = _import_file(path, path_text)
+    _LOADED[key] = (mtime, module)
+    return module
+
+
+def _import_file(path: Path, path_text: str) -> Any:
     name = f"_nnmem_user_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
