@@ -143,3 +143,31 @@ def test_optimizer_state_follows_the_keras_optimizer() -> None:
     # TensorFlow's blocks are BFC chunks (256-byte multiples): allow that rounding on 6 variables per slot
     assert states["adam"] - states["sgd"] == pytest.approx(2 * params, abs=2 * 6 * 256)  # Adam: two slots
     assert states["adam_ema"] - states["adam"] == pytest.approx(params, abs=6 * 256)  # EMA: one copy each
+
+
+class _Unregistered(keras.Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x: object) -> object:
+        return self.dense(x)
+
+
+def test_measure_of_an_unregistered_subclassed_model_says_how_to_fix_it() -> None:
+    model = _Unregistered()
+    model(np.zeros((1, 8), "float32"))
+    model.compile("sgd", "mse")
+    with pytest.raises(nnmem.MeasureError, match="register_keras_serializable"):
+        nnmem.measure(model, np.zeros((4, 8), "float32"), target=np.zeros((4, 2), "float32"))
+
+
+def test_cli_needs_an_input_shape_when_the_model_declares_none(tmp_path: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "model.py"
+    path.write_text("import keras\n\ndef factory(batch):\n    m = keras.Sequential([keras.layers.Dense(2)])\n"
+                    "    m.compile('sgd', 'mse')\n    return m\n")
+    result = CliRunner().invoke(cli, ["estimate", f"{path}:factory", "--batch", "4"])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "--input-shape" in result.stderr
