@@ -12,7 +12,11 @@ allocated) and replays its graph the way the executor frees memory:
   write into an input buffer they hold the last reference to (``OpKernelContext::forward_input``);
 * control flow: an ``If`` / ``While`` body is replayed on its own and its rise counted as the op's
   workspace; a forward ``While`` whose body pushes onto gradient accumulators keeps ``iterations ×``
-  the pushed tensors until the gradient loop has consumed them;
+  the pushed tensors until the gradient loop has consumed them; the ops of a body that depend on no
+  recurrent state (an RNN's ``x_t @ kernel``) run up to ``parallel_iterations`` iterations ahead, and what
+  they hand to the recurrence is held once per iteration in flight (:func:`_ahead_bytes`);
+* ``Einsum`` transposes operands into temporary copies and, when the output's label order needs it, the
+  batch-matmul result into the output (:func:`_einsum_scratch`), counted as the op's workspace;
 * the allocator: the BFC allocator is replayed (:class:`_BFC`) over three steps, and each block gets the chunk
   it is handed in the last one. BFC splits a free chunk only when it is at least twice the request, so a
   1 MiB activation often gets a whole 1.8 MiB chunk left by the step before; measured with the profiler's
@@ -24,8 +28,10 @@ allocated) and replays its graph the way the executor frees memory:
 Ops run in graph-construction order, one at a time. The truth it is compared with runs on one inter-op
 thread (:func:`measure_step`); with TensorFlow's default inter-op parallelism independent ops run
 concurrently and the peak varies from run to run (``parallel_iterations=32`` in Keras's RNN loops). Even on
-one thread the executor picks inline or queued execution by each kernel's measured cost, so a recurrent
-step still flips between schedules; the estimate is the sequential one.
+one thread the executor picks inline or queued execution by each kernel's measured cost, so in the gradient
+loop of a recurrent step the per-iteration weight-gradient partials can pile up ahead of their accumulation
+(keras_lstm train: 4.2 MB in the first steps, 7.3-7.7 MB steady, 15.6 MB under CPU contention); the estimate
+is the schedule where each partial is summed as soon as it exists (4.0 MB) — not modelled.
 """
 
 from __future__ import annotations
@@ -75,7 +81,10 @@ _FORWARDING = frozenset({
     "SigmoidGrad", "TanhGrad", "Softplus", "Mul", "AddV2", "Add", "Sub", "RealDiv", "Div", "DivNoNan",
     "Maximum", "Minimum", "Sqrt", "Rsqrt", "Square", "Pow", "Neg", "Exp", "Log", "Abs", "Sign", "Erf",
     "Reciprocal", "SquaredDifference", "BiasAdd", "AddN", "Softmax", "LogSoftmax", "SelectV2", "Select",
-    "Cast", "Floor", "Round", "MulNoNan", "OnesLike", "ZerosLike", "Inv", "Xdivy", "Xlogy",
+    "Cast", "Floor", "Round", "MulNoNan", "OnesLike", "ZerosLike", "Inv", "Xdivy", "Xlogy", "Erfc", "Log1p",
+    "Expm1", "Sin", "Cos", "Tan", "Sinh", "Cosh", "Asinh", "Atan", "Softsign", "LeakyRelu", "LeakyReluGrad",
+    "Ceil", "Rint", "Lgamma", "Digamma", "FloorDiv", "FloorMod", "Mod", "Atan2", "SoftplusGrad", "SoftsignGrad",
+    "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "InvGrad",
 })
 _CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 _IFS = frozenset({"If", "StatelessIf"})
@@ -309,12 +318,124 @@ class _Replay:
         attrs = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
                  "While": ("body",), "StatelessWhile": ("body",), "PartitionedCall": ("f",),
                  "StatefulPartitionedCall": ("f",)}.get(op.type, ())
-        rise = 0
+        rise = _einsum_scratch(op) if op.type == "Einsum" else 0
         for attr in attrs:
             graph = self._body(op, attr)
             if graph is not None:
                 rise = max(rise, _graph_rise(graph, self.functions))
+        if op.type in _WHILES and (body := self._body(op, "body")) is not None:
+            rise += (_look_ahead(op) - 1) * _ahead_bytes(body)
         return rise
+
+
+def _einsum_scratch(op: Any) -> int:
+    """Temporaries of TensorFlow's two-operand ``Einsum`` kernel (``einsum_op_impl.h``), in bytes.
+
+    The kernel runs a batch matmul on ``[batch, free, contracted]`` (or ``[batch, contracted, free]``) views of
+    its operands: an operand whose labels are in neither order is transposed into a temporary copy, and when
+    the output's labels are not in ``[batch, free 0, free 1]`` order (or with the operands swapped) the matmul
+    writes a temporary that is transposed into the output. Measured (profiler allocator events, Keras
+    MultiHeadAttention, (8, 64, 4, 16) operands): ``aecd,abcd->acbe`` copies both operands (2 x 131,072 B),
+    ``acbe,aecd->abcd`` copies the second and transposes the result (2 x 131,072 B).
+    """
+    try:
+        equation = op.get_attr("equation").decode()
+    except (ValueError, AttributeError):
+        return 0
+    if "->" not in equation or "." in equation or len(op.inputs) != 2:
+        return 0
+    lhs, out = equation.split("->")
+    parts = lhs.split(",")
+    if len(parts) != 2:
+        return 0
+    a, b = parts
+    batch = [c for c in out if c in a and c in b]
+    contracted = [c for c in a if c in b and c not in out]
+    free_a, free_b = [c for c in a if c not in b], [c for c in b if c not in a]
+
+    def fits(labels: str, free: list[str]) -> bool:
+        return list(labels) in ([*batch, *free, *contracted], [*batch, *contracted, *free])
+
+    scratch = sum(bfc_round(_tensor_bytes(t)) for t, labels, free in zip(op.inputs, (a, b), (free_a, free_b))
+                  if not fits(labels, free))
+    if list(out) not in ([*batch, *free_a, *free_b], [*batch, *free_b, *free_a]):
+        scratch += bfc_round(_tensor_bytes(op.outputs[0]))
+    return scratch
+
+
+# TensorList ops hand out or store element tensors without copying them.
+_LIST_OPS = frozenset({
+    "TensorListGetItem", "TensorListPopBack", "TensorListPushBack", "TensorListSetItem", "TensorListFromTensor",
+    "TensorListLength", "TensorListElementShape", "TensorListReserve",
+})
+
+
+def _look_ahead(op: Any) -> int:
+    """Iterations of a While loop in flight at once: ``parallel_iterations``, at most the trip count."""
+    try:
+        parallel = int(op.get_attr("parallel_iterations"))
+    except (ValueError, AttributeError):
+        parallel = 1
+    return max(1, min(parallel, _iterations(op)))
+
+
+def _computes(op: Any) -> bool:
+    """Whether an op computes a non-scalar tensor (not a view, a list operation or bookkeeping)."""
+    if op.type in _VIEWS or op.type in _NO_BUFFER or op.type in _LIST_OPS or op.type == "Placeholder":
+        return False
+    return any(t.dtype not in (tf.variant, tf.resource) and (t.shape.rank is None or t.shape.rank > 0)
+               for t in op.outputs)
+
+
+def _ahead_bytes(body: Any) -> int:
+    """Bytes one iteration of a While body computes ahead of the recurrence and holds until it catches up.
+
+    A lowered ``While`` runs up to ``parallel_iterations`` iterations at once: an op runs as soon as its own
+    iteration's inputs are ready. Loop variables split into slow ones — those whose next value is computed
+    (a non-scalar op on the path) from a loop variable, and every variable depending on one: the recurrent
+    state, output lists written from it — and fast ones: the counters, loop invariants, lists read or pushed
+    without computing. The ops that depend on fast variables only (in an RNN: the input projection
+    ``x_t @ kernel``) run for every iteration in flight while the state is still at the first; their
+    outputs that a slow op reads are held, one set per iteration in flight. Measured with the BFC peak on the
+    default inter-op threads (keras_lstm infer, 32 steps, parallel_iterations=32): 0.81 MB without the
+    look-ahead, 1.31 MB measured, the 31 held ``(8, 512)`` projections are 0.51 MB.
+    """
+    index = {t.name: k for k, t in enumerate(body.inputs)}
+    depends: dict[str, set[int]] = {}  # op → loop variables it depends on
+    computed: dict[str, set[int]] = {}  # op → loop variables it depends on through a computing op
+    ops = body.get_operations()
+    for op in ops:
+        dep: set[int] = set()
+        via: set[int] = set()
+        for t in op.inputs:
+            if t.name in index:
+                dep.add(index[t.name])
+            else:
+                dep |= depends.get(t.op.name, set())
+                via |= computed.get(t.op.name, set())
+        for c in op.control_inputs:
+            dep |= depends.get(c.name, set())
+        depends[op.name] = dep
+        computed[op.name] = set(dep) if _computes(op) else via
+    outputs = list(body.outputs)
+    out_dep = [{index[t.name]} if t.name in index else depends.get(t.op.name, set()) for t in outputs]
+    slow = {k for k, t in enumerate(outputs) if t.name not in index and computed.get(t.op.name)}
+    grew = True
+    while grew:
+        grew = False
+        for k, dep in enumerate(out_dep):
+            if k not in slow and dep & slow:
+                slow.add(k)
+                grew = True
+    ahead = {op.name for op in ops if not depends[op.name] & slow}
+    held: dict[str, int] = {}
+    for op in ops:
+        if op.name in ahead:
+            continue
+        for t in op.inputs:
+            if t.op.name in ahead and _computes(t.op):
+                held[t.name] = bfc_round(_tensor_bytes(t))
+    return sum(held.values())
 
 
 def _is_alias_of_variable(t: Any) -> bool:
