@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import multiprocessing as mp
+import os
 import signal
 import sys
 import traceback
@@ -70,12 +71,37 @@ def _main_not_rerun() -> Iterator[None]:
             setattr(main, k, v)
 
 
-def run_in_child(fn: Callable[[], Any], *, timeout_s: float | None = None) -> Any:
+@contextmanager
+def _preloaded(library: str | None, env: dict[str, str]) -> Iterator[None]:
+    """``LD_PRELOAD`` names ``library`` (and ``env`` is set) while a spawned child starts: it inherits them."""
+    if library is None:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("LD_PRELOAD", *env)}
+    os.environ.update(env)
+    os.environ["LD_PRELOAD"] = f"{library} {saved['LD_PRELOAD']}" if saved["LD_PRELOAD"] else library
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_in_child(fn: Callable[[], Any], *, timeout_s: float | None = None, preload: str | None = None,
+                 env: dict[str, str] | None = None) -> Any:
     """Call ``fn()`` in a child process and return its (picklable) result.
 
     Args:
         fn: the work; closures over models work (it is sent with cloudpickle).
         timeout_s: seconds to wait before the child is killed; None waits for ever.
+        preload: a shared library the child loads at start (``LD_PRELOAD``), e.g. the malloc counter of
+            :mod:`nnmem.measure.mallocpeak`; such a child is a fresh interpreter ("spawn"), not a fork of
+            the fork server.
+        env: environment variables a preloaded child starts with (it imports modules, e.g. Keras, while
+            the work is unpickled, before ``fn`` runs).
 
     Raises:
         NnmemError: the child raised one (re-raised here with its class and message).
@@ -86,10 +112,10 @@ def run_in_child(fn: Callable[[], Any], *, timeout_s: float | None = None) -> An
     except Exception as err:
         raise MeasureError(f"the step cannot be sent to the measuring child process: {type(err).__name__}: {err}; "
                            "define the model at module level or measure a MODEL spec") from err
-    ctx = _context()
+    ctx = _context() if preload is None else mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, payload), daemon=True)
-    with _main_not_rerun():
+    with _main_not_rerun(), _preloaded(preload, env or {}):
         proc.start()
     child.close()
     message = None

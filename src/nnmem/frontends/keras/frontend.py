@@ -111,7 +111,13 @@ def measure_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn
         step = here.prepare(m, x, y, mode=mode, optimizer=optimizer, loss=lf)
         return here.backend_module(backend).measure_step(step, name=name, meta=here._meta(step, batch)).to_dict()
 
-    return Report.from_dict(run_in_child(work, timeout_s=timeout_s))
+    preload = None
+    if backend == "jax":  # the exact malloc peak needs the counting library loaded at the child's start
+        from nnmem.measure.mallocpeak import library
+
+        preload = library()
+    return Report.from_dict(run_in_child(work, timeout_s=timeout_s, preload=preload,
+                                         env={"KERAS_BACKEND": backend}))
 
 
 def from_factory(factory: Callable[[int], Any], batch: int) -> tuple[Any, Any, Any, Any]:

@@ -13,34 +13,29 @@ variables), frozen layers (no optimizer slots), BatchNorm statistics and the ite
 the real Keras state structures.
 
 Measurement (truth on CPU). ``jax.devices()[0].memory_stats()`` is ``None`` on CPU in jax 0.10, and
-XLA:CPU's buffers come straight from glibc ``malloc``, so the step is measured at the operating system:
-the real ``train_on_batch`` / ``predict_on_batch`` (after warm-up, with the executable Keras compiled) runs
-between a reset of the resident-set high-water mark (``"5"`` written to ``/proc/self/clear_refs``) and a
-read of ``VmHWM`` in ``/proc/self/status``. The measured peak is the bytes of the live JAX arrays before
-the step (``jax.live_arrays()``: the variables) plus that rise. Before the warm-up the glibc mmap
-threshold is pinned at 16 KiB (``mallopt(M_MMAP_THRESHOLD)``, which also stops glibc raising it
-dynamically) and ``malloc_trim(0)`` runs before the step: otherwise buffers reuse pages freed by the
-previous step that are still resident and the rise misses them (we saw 1.4 MiB instead of 10.4 MiB).
-With it, repeated runs agree to within a few pages. This catches memory that XLA's buffer assignment does
-not see — the internal buffers of YNNPACK fusions (``__ynn_fusion`` custom fusions that run several
-convolutions or matmuls as one op) — so the two are truly independent. Sampling
-``mallinfo2()`` from a thread was tried and rejected: the step holds the GIL, so the sampler sees one or
-two points per step. As a cross-check the executable Keras actually cached (``model.train_function``'s
+XLA:CPU and YNNPACK take their buffers straight from glibc ``malloc``. The measuring child is started with
+:mod:`nnmem.measure.mallocpeak` preloaded, which counts every malloc and free of the process; the measured
+peak is the bytes of the live JAX arrays before the step (the variables, and the data, put on the device
+first) plus the step's rise of the malloc high-water mark, median of five steps after the warm-up (the real
+``train_on_batch`` / ``predict_on_batch`` with the executable Keras compiled). It sees what XLA's buffer
+assignment does not — convolution im2col and padding buffers, YNNPACK packing and tiles — exactly, and
+repeats to the byte for most steps; steps whose YNNPACK tiles spread over a varying number of worker
+threads vary by a few 128 KiB tiles. Without a C compiler to build the counter the fallback is the rise of
+the resident-set high-water mark (``VmHWM`` after ``clear_refs``, glibc's mmap threshold pinned at 16 KiB),
+which misses memory malloc reuses from pages already resident (keras_mlp train: 98 KiB of a 290 KiB rise);
+the report says which was used. As a cross-check the executable Keras actually cached (``model.train_function``'s
 jitted function) is asked for its ``memory_analysis()``; its figures go to the report's meta.
 
-Convolution scratch. XLA:CPU runs convolutions either itself (Eigen, which builds an im2col buffer) or
-inside YNNPACK fusions (``__ynn_fusion``, which pad or pack their inputs); neither buffer is in
-``memory_analysis()``. ``_fusion_workspace`` reads each convolution's geometry from ``compiled.as_text()``
-and applies rules calibrated on single jitted convolutions (listed with the rules), added to the
-temporaries live at that instruction; the excess over XLA's temporaries is the op's kernel workspace.
+Kernel scratch. XLA's temporaries are one block live for the whole execution; on top of it an op's scratch
+(``_fusion_workspace``): XLA's own convolutions and dots (Eigen) an im2col buffer and a packing buffer,
+YNNPACK fusions padded or materialized convolution inputs, packed filters and dot operands, and reduction
+tiles — rules read from each instruction's geometry in ``compiled.as_text()`` and calibrated on single jitted
+ops with the malloc counter (listed with the rules).
 
-Limits: the internal tiled intermediates of YNNPACK fusions that chain several convolutions, dots or
-softmaxes are not modelled (keras_separable_cnn infer: estimate 1.3 MiB, measured 3.0 MiB;
-keras_transformer_block train -27 %); over the zoo (9 models x train/infer, batch 8, 2 cores) the median
-error is 8-10 % (12 % without the convolution rules) and the largest 56 %. The measurement rounds to 4 KiB
-pages, includes the few pages Python touches during the call, and varies by 10-20 % between runs for steps
-whose YNNPACK work spreads over a varying number of threads (keras_lstm infer: 0.79-0.91 MiB); a report
-says so in its notes when its three runs spread over 10 %.
+Limits: not modelled are the intermediates YNNPACK keeps in fusions that chain a dot into a softmax in the
+backward pass (keras_transformer_block train: -25 %) and tiles beyond one block per worker thread; the
+Python side of a ``train_on_batch`` call (tens of KB of small allocations) is not counted, which shows on
+tiny models (keras_subclassed infer: 0.19 MB estimated, 0.22 MB measured).
 """
 
 from __future__ import annotations
@@ -49,6 +44,7 @@ import ctypes
 import ctypes.util
 import gc
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,19 +171,23 @@ def _resident_blocks(step: KerasStep) -> list[Block]:
     return blocks
 
 
-# --- Convolution scratch that XLA:CPU's buffer assignment does not see -------------------------------------
-# Calibrated on single jitted convolutions (jax 0.10.2 CPU, 2 cores, the measurement protocol of
-# ``measure_step``: VmHWM rise minus outputs minus XLA temps, min of 3), float32, NHWC / HWIO:
-#   XLA's own (Eigen) convolution, not in a YNNPACK fusion — scratch vs im2col of the output per group:
-#     8x32x32x3 k5 SAME ->16: 2348 vs 2400 KiB; k5 VALID: 1784 vs 1837; k7 SAME: 4564 vs 4704;
-#     batch 16 k5: 4736 vs 4800; depthwise 8x32x32x3 k3: 248 vs 295; Conv1D 8x400x8 k5 VALID ->32:
-#     424 vs 495, SAME: 356 vs 500; 8x400x32 k5 VALID: 1784 vs 1980.
-#   A YNNPACK fusion holding convolutions — scratch vs the largest spatially padded convolution input:
-#     8x32x32x32 k3 SAME ->32: 1152 vs 1156 KiB; ->64: 952 vs 1156; 8x32x32x64: 2132 vs 2312;
-#     8x64x64x32: 4356 vs 4356; 32x32x32x32: 4596 vs 4624; 8x32x32x32 k5: 1056 vs 1296; k1: 852 vs 1024;
-#     8x32x32x3 k5: 116 vs 122; depthwise 8x32x32x32: 916 vs 1156, 8x16x16x32: 172 vs 324; it over-counts
-#     narrow inputs (8x32x32x3 k3: 8 vs 108; 8x32x32x16: 288 vs 578) and misses VALID convolutions
-#     (8x32x32x32 k3 VALID: 7892 vs 0) — none in the zoo. Dots (YNNPACK) showed no scratch (<= 4 KiB).
+# --- Kernel scratch that XLA:CPU's buffer assignment does not see -----------------------------------------
+# Calibrated on single jitted ops (jax 0.10.2 CPU, 2 cores) with the malloc counter of ``measure_step``
+# (every block malloc hands out during the call, minus XLA's temp and output buffers), float32, NHWC / HWIO:
+#   XLA's own (Eigen) convolution, outside YNNPACK: an im2col buffer of the output, one group at a time, plus
+#     74,184 B of contraction packing: 8x32x32x3 k3 SAME ->16: 888,328 B (im2col 884,736); k5: 2,561,032
+#     (2,457,600). XLA's own dot (keras_mlp's weight gradients): the same 74,184 B packing buffer.
+#   A convolution inside a YNNPACK fusion: its spatially padded input when it pads (8x32x32x32 k3 SAME:
+#     1,183,816 B, padded 1,183,744; 8x16x16x16: 165,960 vs 165,888), its input in full when an op of the same
+#     fusion produces it (keras_separable_cnn: the depthwise output read by the pointwise convolution,
+#     1,048,648 B), all live until the fusion ends; and its packed filter, briefly (3x3x32x32: 36,936 B).
+#   A dot inside a YNNPACK fusion writes its result in full when the fusion only reshapes it (keras_conv1d_gru's
+#     GRU input projection f32[792,192]: 608,328 B, 608,256 computed) and reads an operand that an op of the
+#     fusion computes (the max pooling before it, f32[792,32]: 101,448 B) from a full buffer.
+#   A dot inside a YNNPACK fusion with at least 64 rows packs its right operand in blocks of up to 128 KiB, one
+#     per worker thread (64x512 @ 512x512: 2 x 131,144 B; 512x64 @ 64x256: one 65,608 B block); with 8 rows
+#     nothing. A reduction over an array larger than 128 KiB (softmax of 8x4x64x64) tiles it in 128 KiB
+#     blocks, one per worker thread (2 x 131,144 B).
 _ITEMSIZE = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "f16": 2, "bf16": 2, "s16": 2,
              "u16": 2, "s8": 1, "u8": 1, "pred": 1}
 _ARRAY = re.compile(r"\b(" + "|".join(_ITEMSIZE) + r")\[([\d,]*)\]")
@@ -195,6 +195,12 @@ _INSTRUCTION = re.compile(r"^\s*(ROOT )?%([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$")
 _COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) \(.*\{\s*$")
 _NAME = re.compile(r"%([\w.\-]+)")
 _NO_BUFFER = frozenset({"parameter", "bitcast", "get-tuple-element", "tuple", "constant", "after-all"})
+_EIGEN_PACKING = 74_184
+"""Bytes of Eigen's contraction packing buffer beside a convolution's im2col buffer (calibration above)."""
+_YNN_BLOCK = 128 * 1024
+"""Bytes of a YNNPACK packing / tiling block, one per worker thread (calibration above)."""
+_DOT_PACK_ROWS = 64
+"""Rows from which a YNNPACK dot packs its right operand (8 rows: no packing; 64 and 512: packing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,78 +241,207 @@ def _computations(hlo: str) -> tuple[dict[str, list[_Instruction]], str]:
     return comps, entry
 
 
-def _conv_scratch(conv: _Instruction, types: dict[str, str], *, ynn: bool) -> int:
-    """Scratch of one convolution, in bytes: see the calibration above."""
-    found = _ARRAY.search(types.get(conv.operands[0], ""))
+def _threads() -> int:
+    """Worker threads of XLA:CPU's pool: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _shape(text: str) -> tuple[list[int], int] | None:
+    found = _ARRAY.search(text)
+    return (_dims(found.group(2)), _ITEMSIZE[found.group(1)]) if found else None
+
+
+def _eigen_conv_scratch(conv: _Instruction, types: dict[str, str]) -> int:
+    """An XLA (Eigen) convolution's im2col buffer of the output, one group at a time, and its packing buffer."""
+    lhs = _shape(types.get(conv.operands[0], ""))
+    out = _shape(conv.type)
     labels = re.search(r"dim_labels=(\w+)_\w+->(\w+)", conv.rest)
     window = re.search(r"window=\{([^}]*)\}", conv.rest)
-    out = _ARRAY.search(conv.type)
-    if found is None or labels is None or window is None or out is None:
+    if lhs is None or out is None or labels is None or window is None:
         return 0
-    lhs, out_dims, (lhs_labels, out_labels) = _dims(found.group(2)), _dims(out.group(2)), labels.groups()
+    (lhs_dims, item), (out_dims, _) = lhs, out
+    lhs_labels, out_labels = labels.groups()
     size_match = re.search(r"size=([\dx]+)", window.group(1))
     size = [int(k) for k in size_match.group(1).split("x")] if size_match else []
-    pad = re.search(r"pad=([\d_x\-]+)", window.group(1))
-    pads = [sum(int(p) for p in s.split("_")) for s in pad.group(1).split("x")] if pad else [0] * len(size)
     groups = re.search(r"feature_group_count=(\d+)", conv.rest)
-    batch, channels = lhs[lhs_labels.index("b")], lhs[lhs_labels.index("f")]
-    item = _ITEMSIZE[found.group(1)]
-    if ynn:  # the spatially padded input
-        padded = math.prod(lhs[lhs_labels.index(str(k))] + p for k, p in enumerate(pads))
-        return batch * padded * channels * item
+    batch, channels = lhs_dims[lhs_labels.index("b")], lhs_dims[lhs_labels.index("f")]
     spatial = math.prod(out_dims[out_labels.index(str(k))] for k in range(len(size)))
     per_group = channels // (int(groups.group(1)) if groups else 1)
-    return batch * spatial * math.prod(size) * per_group * item  # im2col of the output, one group at a time
+    return batch * spatial * math.prod(size) * per_group * item + _EIGEN_PACKING
+
+
+def _padded_input(conv: _Instruction, types: dict[str, str]) -> int:
+    """Bytes of a convolution's input with its spatial padding; its plain size when it does not pad."""
+    lhs = _shape(types.get(conv.operands[0], ""))
+    labels = re.search(r"dim_labels=(\w+)_\w+->(\w+)", conv.rest)
+    window = re.search(r"window=\{([^}]*)\}", conv.rest)
+    if lhs is None or labels is None:
+        return 0
+    dims, item = lhs
+    lhs_labels = labels.group(1)
+    pad = re.search(r"pad=([\d_x\-]+)", window.group(1)) if window else None
+    if pad is None:
+        return math.prod(dims) * item
+    pads = [sum(int(p) for p in s.split("_")) for s in pad.group(1).split("x")]
+    spatial = math.prod(dims[lhs_labels.index(str(k))] + p for k, p in enumerate(pads))
+    return dims[lhs_labels.index("b")] * spatial * dims[lhs_labels.index("f")] * item
+
+
+_REINTERPRET = frozenset({"bitcast", "reshape", "copy", "transpose"})
+
+
+def _through_reinterpret(name: str, named: dict[str, _Instruction]) -> _Instruction | None:
+    """The instruction of a fusion that produces ``name``, looking through bitcasts and reshapes."""
+    ins = named.get(name)
+    while ins is not None and ins.opcode in _REINTERPRET and ins.operands:
+        ins = named.get(ins.operands[0])
+    return ins
+
+
+def _ynn_scratch(body: list[_Instruction], types: dict[str, str], threads: int) -> int:
+    """Scratch of one YNNPACK fusion, in bytes: see the calibration above."""
+    produced = {i.name for i in body if i.opcode not in ("parameter", "constant")}
+    named = {i.name: i for i in body}
+    held = transient = 0
+    for ins in body:
+        if ins.opcode == "convolution":
+            padded = re.search(r"pad=", ins.rest) is not None
+            if padded or ins.operands[0] in produced:
+                held += _padded_input(ins, types)
+            weights = _shape(types.get(ins.operands[1], "")) if len(ins.operands) > 1 else None
+            if weights is not None:
+                transient = max(transient, math.prod(weights[0]) * weights[1])
+        elif ins.opcode == "dot" and len(ins.operands) > 1:
+            lhs, rhs = _shape(types.get(ins.operands[0], "")), _shape(types.get(ins.operands[1], ""))
+            out = _shape(ins.type)
+            if lhs is None or rhs is None or out is None or len(out[0]) < 2:
+                continue
+            users = [u.opcode for u in body if ins.name in u.operands]
+            if not ins.root and users and all(u in _REINTERPRET for u in users):
+                held += math.prod(out[0]) * out[1]  # a result that is only reshaped is written out in full
+            for operand in ins.operands[:2]:
+                source = _through_reinterpret(operand, named)
+                if source is not None and source.opcode not in ("parameter", "constant", "broadcast", "iota"):
+                    found = _shape(source.type)
+                    held += math.prod(found[0]) * found[1] if found else 0  # produced in the fusion: in full
+            rows = math.prod(out[0][:-1])
+            rhs_bytes = math.prod(rhs[0]) * rhs[1]
+            if rows >= _DOT_PACK_ROWS:
+                transient = max(transient, rhs_bytes if rhs_bytes <= _YNN_BLOCK else threads * _YNN_BLOCK)
+        elif ins.opcode == "reduce":
+            reduced = _shape(types.get(ins.operands[0], ""))
+            if reduced is not None and math.prod(reduced[0]) * reduced[1] > _YNN_BLOCK:
+                transient = max(transient, threads * _YNN_BLOCK)
+    return held + transient
 
 
 def _fusion_workspace(hlo: str, temp: int) -> tuple[int, int]:
-    """Convolution scratch above XLA's temporaries at the step's peak, and the largest scratch, in bytes.
+    """Kernel scratch above XLA's buffers at the step's peak, and the largest single scratch, in bytes.
 
-    Each top-level instruction of the scheduled entry computation gets the scratch of its convolutions (a
-    YNNPACK fusion: the largest of its convolutions'; it frees it before the next instruction). It adds to
-    the temporaries live at that instruction: outputs of earlier instructions still to be read (not the
-    step's outputs), capped at XLA's ``temp`` since buffer assignment shares buffers that we do not.
+    XLA:CPU allocates its temporaries as one block live for the whole execution, so the scratch adds to all
+    of it. Each top-level instruction of the scheduled entry computation gets its scratch: an XLA (Eigen)
+    convolution its im2col and packing buffers, a YNNPACK fusion what :func:`_ynn_scratch` counts. XLA's
+    thunk executor runs independent instructions at once: neighbouring Eigen convolutions that do not read
+    each other's results (the two branches of keras_two_branch_cnn) hold their scratch together.
     """
+    del temp  # the scratch adds to all of XLA's temporaries (one block, live for the whole step)
     comps, entry = _computations(hlo)
     types = {i.name: i.type for body in comps.values() for i in body}
     body = comps.get(entry, [])
-    last_use = {name: k for k, ins in enumerate(body) for name in ins.operands}
-    outputs = set(body[-1].operands) if body and body[-1].root else set()
-    temps = [(k, i) for k, i in enumerate(body) if i.opcode not in _NO_BUFFER and i.name not in outputs
-             and not i.root]
-    peak, largest = temp, 0
-    for k, ins in enumerate(body):
+    threads = _threads()
+    peak = largest = 0
+    group: list[tuple[str, int]] = []  # neighbouring independent Eigen convolutions
+    for ins in body:
         called = re.search(r"calls=%([\w.\-]+)", ins.rest)
-        convs = [ins] if ins.opcode == "convolution" else [
-            c for c in comps.get(called.group(1), []) if c.opcode == "convolution"] if called else []
-        scratch = max((_conv_scratch(c, types, ynn="__ynn_fusion" in ins.rest) for c in convs), default=0)
-        if scratch:
-            live = sum(t.nbytes for j, t in temps if j <= k <= last_use.get(t.name, -1) or j == k)
-            peak, largest = max(peak, min(live, temp) + scratch), max(largest, scratch)
-    return peak - temp, largest
+        if ins.opcode == "convolution":
+            scratch = _eigen_conv_scratch(ins, types)
+            if any(name in ins.operands for name, _ in group):
+                group = []
+            group.append((ins.name, scratch))
+            peak = max(peak, sum(s for _, s in group))
+        else:
+            if ins.opcode not in _NO_BUFFER:
+                group = []
+            if ins.opcode == "dot":  # XLA's own (Eigen) dot: the contraction's packing buffer
+                scratch = _EIGEN_PACKING
+            elif called and "__ynn_fusion" in ins.rest:
+                scratch = _ynn_scratch(comps.get(called.group(1), []), types, threads)
+            else:
+                scratch = 0
+            peak = max(peak, scratch)
+        largest = max(largest, scratch)
+    return peak, largest
+
+
+MEASURED_STEPS = 5
+"""Steps measured after the warm-up; the report takes the median (YNNPACK spreads tiles over a varying number
+of worker threads, each with its own scratch, so a step's peak varies by a few tiles)."""
 
 
 def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
     """Run the real Keras step (call it inside a child process) and report its measured peak.
 
-    The allocator peak is the bytes of the live JAX arrays before the step plus the rise of the process's
-    resident-set high-water mark during it (see the module docstring). This pins glibc's mmap threshold
-    for the rest of the process.
+    The peak is the bytes of the live JAX arrays before the step (the variables and the data) plus the step's
+    rise of the malloc high-water mark, when the process was started with :mod:`nnmem.measure.mallocpeak` preloaded
+    (median of :data:`MEASURED_STEPS`); otherwise the rise of the resident-set high-water mark (min of 3, see
+    the module docstring), which misses memory malloc reuses from pages already resident.
 
     Args:
         step: the prepared step.
         name: the model's display name.
         meta: facts for the report.
     """
+    from nnmem.measure.mallocpeak import counters
+
+    model = step.model
+    # The data go to the device first, live before the step like the variables (as the estimate counts them):
+    # jax may take a NumPy array without a copy when its buffer happens to be 64-byte aligned, so handing
+    # NumPy arrays to the step would count the input copy in some processes and not in others.
+    x = keras.tree.map_structure(lambda a: None if a is None else jax.device_put(a), step.x)
+    y = keras.tree.map_structure(lambda a: None if a is None else jax.device_put(a), step.y)
+    run: Callable[[], Any] = ((lambda: model.train_on_batch(x, y)) if step.mode == "train"
+                              else (lambda: model.predict_on_batch(x)))
+    malloc = counters()
+    if malloc is None:
+        live, rises, notes, extra = _rss_rises(run, step)
+        rise = max(min(rises), 0)
+    else:
+        for _ in range(2 if step.mode == "train" else 1):
+            run()
+        rises = []
+        for _ in range(MEASURED_STEPS):
+            gc.collect()
+            live = sum(int(a.nbytes) for a in jax.live_arrays())
+            before = malloc.current()
+            malloc.reset_peak()
+            run()
+            rises.append(malloc.peak() - before)
+        rise = max(sorted(rises)[len(rises) // 2], 0)
+        notes = (f"measured: JAX arrays live before the step plus the step's rise of the malloc high-water mark "
+                 f"(every malloc and free counted by a preloaded library), median of {MEASURED_STEPS} steps",)
+        extra = {"measure.method": "jax.live_arrays before the step + malloc high-water rise during it"}
+    peak = live + rise
+    trace = _measured_trace(step, rise, meta)
+    extra = {**extra, "measure.live_array_bytes": live, "measure.rise_bytes": rise,
+             "measure.rises": ",".join(str(r) for r in rises)}
+    extra.update(_cached_executable_stats(model, step))
+    trace = Trace(trace.framework, trace.mode, trace.blocks, trace.ops, trace.layers, {**trace.meta, **extra})
+    return report_from_trace(trace, source="measure", model=name, device="cpu",
+                             overrides={"allocator": peak, "tensor": peak}, notes=notes)
+
+
+def _rss_rises(run: Callable[[], Any], step: KerasStep) -> tuple[int, list[int], tuple[str, ...], dict[str, object]]:
+    """The fallback without the malloc counter: resident-set high-water rises of three steps."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
     libc.mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD)
-    model = step.model
-    run: Callable[[], Any] = ((lambda: model.train_on_batch(step.x, step.y)) if step.mode == "train"
-                              else (lambda: model.predict_on_batch(step.x)))
     for _ in range(2 if step.mode == "train" else 1):
         run()
     rises = []
+    live = 0
     for _ in range(3):  # the smallest of three: a stray Python arena or thread stack touched once is not the step's
         gc.collect()
         libc.malloc_trim(0)
@@ -316,21 +451,14 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
             f.write("5")
         run()
         rises.append(_status_bytes("VmHWM") - before)
-    rise = max(min(rises), 0)
-    peak = live + rise
-    trace = _measured_trace(step, rise, meta)
-    extra: dict[str, object] = {"measure.method": "jax.live_arrays before the step + VmHWM rise during it",
-                                "measure.live_array_bytes": live, "measure.rss_rise_bytes": rise,
-                                "measure.rss_rises": ",".join(str(r) for r in rises)}
-    extra.update(_cached_executable_stats(model, step))
-    trace = Trace(trace.framework, trace.mode, trace.blocks, trace.ops, trace.layers, {**trace.meta, **extra})
-    notes: tuple[str, ...] = ("measured: JAX arrays live before the step plus the process's resident-set rise "
-                              "during the real step (glibc mmap threshold pinned at 16 KiB; 4 KiB pages)",)
+    notes: tuple[str, ...] = ("measured (fallback: no C compiler to build the malloc counter): JAX arrays live "
+                              "before the step plus the process's resident-set rise during the real step (glibc "
+                              "mmap threshold pinned at 16 KiB; 4 KiB pages); it misses memory malloc reuses "
+                              "from resident pages",)
     if max(rises) - min(rises) > 0.10 * max(min(rises), 1):
         notes += (f"noisy: the three runs' rises spread over {min(rises)}-{max(rises)} bytes (over 10 %); the "
                   "smallest is reported",)
-    return report_from_trace(trace, source="measure", model=name, device="cpu",
-                             overrides={"allocator": peak, "tensor": peak}, notes=notes)
+    return live, rises, notes, {"measure.method": "jax.live_arrays before the step + VmHWM rise during it"}
 
 
 def _measured_trace(step: KerasStep, rise: int, meta: dict[str, object]) -> Trace:
