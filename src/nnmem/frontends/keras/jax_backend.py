@@ -150,7 +150,7 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     n = len(blocks)
     blocks += [Block(n, temp, Category.TEMPORARIES, "", phase, 0, 0),
                Block(n + 1, new_outputs, Category.ACTIVATIONS, "", phase, 0, -1)]
-    workspace, scratch = _fusion_workspace(compiled.as_text(), temp)
+    workspace, scratch = _fusion_workspace(compiled.as_text())
     ops = (Op(0, "xla.execute", phase, "", temp + new_outputs, temp, workspace),)
     meta = {**meta, "jax": jax.__version__, "keras": keras.__version__,
             "xla.argument_bytes": int(stats.argument_size_in_bytes),
@@ -212,11 +212,6 @@ class _Instruction:
     root: bool
 
     @property
-    def nbytes(self) -> int:
-        return sum(math.prod(_dims(d)) * _ITEMSIZE[t] for t, d in _ARRAY.findall(self.type.split("{")[0]
-                   if not self.type.startswith("(") else self.type))
-
-    @property
     def operands(self) -> list[str]:
         return _NAME.findall(self.rest.split("metadata=")[0])
 
@@ -254,40 +249,53 @@ def _shape(text: str) -> tuple[list[int], int] | None:
     return (_dims(found.group(2)), _ITEMSIZE[found.group(1)]) if found else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Conv:
+    """A convolution's geometry, read from its HLO text."""
+
+    lhs: list[int]  # input dims, in the order of ``lhs_labels``
+    lhs_labels: str  # e.g. "b01f": batch, spatial 0, 1, features
+    out: list[int]
+    out_labels: str
+    window: list[int]  # kernel size per spatial dim
+    pads: list[int] | None  # total padding per spatial dim; None when the window does not pad
+    groups: int
+    item: int  # bytes per element
+
+    def dim(self, label: str) -> int:
+        return self.lhs[self.lhs_labels.index(label)]
+
+
+def _conv(conv: _Instruction, types: dict[str, str]) -> _Conv | None:
+    lhs, out = _shape(types.get(conv.operands[0], "")), _shape(conv.type)
+    labels = re.search(r"dim_labels=(\w+)_\w+->(\w+)", conv.rest)
+    window = re.search(r"window=\{([^}]*)\}", conv.rest)
+    if lhs is None or out is None or labels is None:
+        return None
+    size = re.search(r"size=([\dx]+)", window.group(1)) if window else None
+    pad = re.search(r"pad=([\d_x\-]+)", window.group(1)) if window else None
+    groups = re.search(r"feature_group_count=(\d+)", conv.rest)
+    return _Conv(lhs[0], labels.group(1), out[0], labels.group(2),
+                 [int(k) for k in size.group(1).split("x")] if size else [],
+                 [sum(int(p) for p in s.split("_")) for s in pad.group(1).split("x")] if pad else None,
+                 int(groups.group(1)) if groups else 1, lhs[1])
+
+
 def _eigen_conv_scratch(conv: _Instruction, types: dict[str, str]) -> int:
     """An XLA (Eigen) convolution's im2col buffer of the output, one group at a time, and its packing buffer."""
-    lhs = _shape(types.get(conv.operands[0], ""))
-    out = _shape(conv.type)
-    labels = re.search(r"dim_labels=(\w+)_\w+->(\w+)", conv.rest)
-    window = re.search(r"window=\{([^}]*)\}", conv.rest)
-    if lhs is None or out is None or labels is None or window is None:
+    c = _conv(conv, types)
+    if c is None or not c.window:
         return 0
-    (lhs_dims, item), (out_dims, _) = lhs, out
-    lhs_labels, out_labels = labels.groups()
-    size_match = re.search(r"size=([\dx]+)", window.group(1))
-    size = [int(k) for k in size_match.group(1).split("x")] if size_match else []
-    groups = re.search(r"feature_group_count=(\d+)", conv.rest)
-    batch, channels = lhs_dims[lhs_labels.index("b")], lhs_dims[lhs_labels.index("f")]
-    spatial = math.prod(out_dims[out_labels.index(str(k))] for k in range(len(size)))
-    per_group = channels // (int(groups.group(1)) if groups else 1)
-    return batch * spatial * math.prod(size) * per_group * item + _EIGEN_PACKING
+    spatial = math.prod(c.out[c.out_labels.index(str(k))] for k in range(len(c.window)))
+    return c.dim("b") * spatial * math.prod(c.window) * (c.dim("f") // c.groups) * c.item + _EIGEN_PACKING
 
 
-def _padded_input(conv: _Instruction, types: dict[str, str]) -> int:
+def _padded_input(c: _Conv) -> int:
     """Bytes of a convolution's input with its spatial padding; its plain size when it does not pad."""
-    lhs = _shape(types.get(conv.operands[0], ""))
-    labels = re.search(r"dim_labels=(\w+)_\w+->(\w+)", conv.rest)
-    window = re.search(r"window=\{([^}]*)\}", conv.rest)
-    if lhs is None or labels is None:
-        return 0
-    dims, item = lhs
-    lhs_labels = labels.group(1)
-    pad = re.search(r"pad=([\d_x\-]+)", window.group(1)) if window else None
-    if pad is None:
-        return math.prod(dims) * item
-    pads = [sum(int(p) for p in s.split("_")) for s in pad.group(1).split("x")]
-    spatial = math.prod(dims[lhs_labels.index(str(k))] + p for k, p in enumerate(pads))
-    return dims[lhs_labels.index("b")] * spatial * dims[lhs_labels.index("f")] * item
+    if c.pads is None:
+        return math.prod(c.lhs) * c.item
+    spatial = math.prod(c.dim(str(k)) + p for k, p in enumerate(c.pads))
+    return c.dim("b") * spatial * c.dim("f") * c.item
 
 
 _REINTERPRET = frozenset({"bitcast", "reshape", "copy", "transpose"})
@@ -307,10 +315,9 @@ def _ynn_scratch(body: list[_Instruction], types: dict[str, str], threads: int) 
     named = {i.name: i for i in body}
     held = transient = 0
     for ins in body:
-        if ins.opcode == "convolution":
-            padded = re.search(r"pad=", ins.rest) is not None
-            if padded or ins.operands[0] in produced:
-                held += _padded_input(ins, types)
+        if ins.opcode == "convolution" and (c := _conv(ins, types)) is not None:
+            if c.pads is not None or ins.operands[0] in produced:
+                held += _padded_input(c)
             weights = _shape(types.get(ins.operands[1], "")) if len(ins.operands) > 1 else None
             if weights is not None:
                 transient = max(transient, math.prod(weights[0]) * weights[1])
@@ -338,7 +345,7 @@ def _ynn_scratch(body: list[_Instruction], types: dict[str, str], threads: int) 
     return held + transient
 
 
-def _fusion_workspace(hlo: str, temp: int) -> tuple[int, int]:
+def _fusion_workspace(hlo: str) -> tuple[int, int]:
     """Kernel scratch above XLA's buffers at the step's peak, and the largest single scratch, in bytes.
 
     XLA:CPU allocates its temporaries as one block live for the whole execution, so the scratch adds to all
@@ -347,7 +354,6 @@ def _fusion_workspace(hlo: str, temp: int) -> tuple[int, int]:
     thunk executor runs independent instructions at once: neighbouring Eigen convolutions that do not read
     each other's results (the two branches of keras_two_branch_cnn) hold their scratch together.
     """
-    del temp  # the scratch adds to all of XLA's temporaries (one block, live for the whole step)
     comps, entry = _computations(hlo)
     types = {i.name: i.type for body in comps.values() for i in body}
     body = comps.get(entry, [])
