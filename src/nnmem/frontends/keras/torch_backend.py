@@ -259,7 +259,6 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
     profiler's ``[memory]`` events (the profiled steps run without the tracker)."""
     from torch.profiler import ProfilerActivity, profile
 
-
     x = _as_torch(step.x, lambda a: torch.as_tensor(a))
     y = _as_torch(step.y, lambda a: torch.as_tensor(a))
     for _ in range(2 if step.mode == "train" else 1):
