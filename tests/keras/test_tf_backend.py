@@ -21,24 +21,9 @@ from nnmem.trace import Category, Phase  # noqa: E402
 from nnmem.zoo.keras_models import FACTORIES  # noqa: E402
 
 BATCH = 8
-LIMIT = 0.15  # the issue's per-case maximum error against the BFC peak (one inter-op thread)
+LIMIT = 0.15  # the issue's per-case maximum error against the BFC peak (sequential executor)
 
-_RNN_TRAIN = ("on one inter-op thread the gradient loop's per-iteration weight-gradient partials pile up ahead of "
-              "their accumulation by a number of iterations that the executor's cost-based inline/queue choice "
-              "sets: 7.3-7.7 MB steady (4.2 MB in the first steps, 15.6 MB under CPU contention), 4.0 MB estimated")
-_MISSES = {
-    ("keras_lstm", "train"): pytest.mark.xfail(strict=False, reason=_RNN_TRAIN),  # schedule-dependent truth
-    ("keras_conv1d_gru", "train"): pytest.mark.xfail(strict=False, reason="-10% to -36% (varies by process and "
-                                                     "CPU load): the gradient loop keeps per-iteration "
-                                                     "weight-gradient partials, as in keras_lstm train"),
-    ("keras_subclassed", "train"): pytest.mark.xfail(
-        strict=False, reason="-1% to -19% between runs: a 0.8 MB step moves by the BFC free chunks setup leaves"),
-    ("keras_separable_cnn", "train"): pytest.mark.xfail(
-        strict=False, reason="0% to -25%: measured peak spreads 6.3-7.9 MB from step to step and process to "
-                             "process (BFC layout left by setup)"),
-}
-CASES = [pytest.param(name, mode, marks=_MISSES.get((name, mode), ()), id=f"{name}-{mode}")
-         for name in FACTORIES for mode in ("train", "infer")]
+CASES = [pytest.param(name, mode, id=f"{name}-{mode}") for name in FACTORIES for mode in ("train", "infer")]
 
 
 def _step(name: str, mode: str, batch: int = BATCH):  # type: ignore[no-untyped-def]
@@ -49,7 +34,7 @@ def _step(name: str, mode: str, batch: int = BATCH):  # type: ignore[no-untyped-
 
 
 def _measured(name: str, mode: str) -> tuple[int, int]:
-    """(estimated, measured) peak in bytes of one zoo step, in a fresh process on one inter-op thread."""
+    """(estimated, measured) peak in bytes of one zoo step, in a fresh process on the sequential executor."""
 
     def work() -> tuple[int, int]:
         os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # before TensorFlow is imported in this child
@@ -57,7 +42,7 @@ def _measured(name: str, mode: str) -> tuple[int, int]:
         os.environ["KERAS_BACKEND"] = "tensorflow"
         from nnmem.frontends.keras import tf_backend as backend
 
-        backend.single_inter_op_thread()  # before building the model runs TensorFlow's first op
+        backend.sequential_runtime()  # before building the model runs TensorFlow's first op
         report = backend.measure_step(_step(name, mode), name=name, meta={})
         return int(report.meta["estimated_peak"]), report.peak_bytes
 
@@ -78,11 +63,42 @@ def test_estimate_matches_bfc_peak(name: str, mode: str) -> None:
         f"estimated {estimated:,} B, measured {measured:,} B ({(estimated - measured) / measured:+.1%})")
 
 
-def test_measure_refuses_a_runtime_with_several_inter_op_threads() -> None:
-    if tf.config.threading.get_inter_op_parallelism_threads() == 1 or os.cpu_count() == 1:
-        pytest.skip("this process runs one inter-op thread")
-    with pytest.raises(MeasureError, match="1 inter-op thread"):
+def test_measure_refuses_a_runtime_with_parallel_kernels() -> None:
+    tf.constant(1.0) + 1.0  # this process started TensorFlow with its default thread pools
+    if tf.config.threading.get_intra_op_parallelism_threads() == tf_backend.MEASURE_INTRA_OP_THREADS:
+        pytest.skip("this process runs the measurement's thread pools")
+    with pytest.raises(MeasureError, match="intra-op thread"):
         tf_backend.measure_step(_step("keras_mlp", "infer"), name="keras_mlp", meta={})
+
+
+def test_measure_refuses_a_pool_too_small_for_nested_calls() -> None:
+    """The sequential executor blocks an inter-op thread per nested call: too few threads would deadlock."""
+
+    def work() -> str:
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        os.environ["KERAS_BACKEND"] = "tensorflow"
+        import tensorflow as tf_child
+
+        from nnmem.errors import MeasureError as Refused
+        from nnmem.frontends.keras import tf_backend as backend
+
+        tf_child.config.threading.set_inter_op_parallelism_threads(1)
+        tf_child.config.threading.set_intra_op_parallelism_threads(1)
+        try:
+            backend.measure_step(_step("keras_mixed_float16", "train"), name="keras_mixed_float16", meta={})
+        except Refused as err:
+            return str(err)
+        return "measured"
+
+    message: str = run_in_child(work, timeout_s=240)
+    assert "nests function calls" in message
+
+
+def test_call_depth_counts_nested_function_calls() -> None:
+    assert tf_backend.trace_step(_step("keras_mlp", "infer"), meta={}).meta["call_depth"] == 0
+    depth = tf_backend.trace_step(_step("keras_mixed_float16", "train"), meta={}).meta["call_depth"]
+    assert isinstance(depth, int) and depth >= 1  # the loss-scale optimizer's tf.cond
 
 
 def test_bfc_replay_hands_out_unsplit_chunks() -> None:
@@ -164,11 +180,37 @@ def test_einsum_scratch_counts_transposed_operands_and_output() -> None:
     assert tf_backend._einsum_scratch(op) == 0  # already batch-matmul order: no copies
 
 
-def test_rnn_loop_look_ahead_holds_the_input_projection() -> None:
-    step = _step("keras_lstm", "infer")
+def test_rnn_gradient_accumulators_keep_each_recomputed_state() -> None:
+    step = _step("keras_lstm", "train")
     cf, _ = tf_backend._concrete(step)
     functions = tf_backend._functions_of(cf.graph)
-    loop = next(o for o in cf.graph.get_operations() if o.type in tf_backend._WHILES)
+    loop = next(o for o in cf.graph.get_operations()
+                if o.type in tf_backend._WHILES and not o.name.startswith("gradient_tape/"))
     body = functions[loop.get_attr("body").name].graph
-    assert tf_backend._look_ahead(loop) == 32  # parallel_iterations=32 over 32 tokens
-    assert tf_backend._ahead_bytes(body) == BATCH * 4 * 128 * 4  # x_t @ kernel, (8, 512) float32
+    replay = tf_backend._Replay(functions)
+    state = BATCH * 128 * 4  # h and c: (8, 128) float32
+    kept = {}
+    for k, out in enumerate(body.outputs):
+        if out.op.type == "TensorListPushBack":
+            pushed = out.op.inputs[1]
+            key = (pushed.op.type, tf_backend._carried_state(body, pushed), pushed.shape.rank)
+            kept[key] = replay._accumulated(loop, k)
+    assert kept[("Placeholder", True, 2)] == 31 * state  # 32 tokens: the first state is the loop's input
+    assert kept[("Placeholder", True, 0)] == 31 * 256  # the time counter: a 256 B chunk per iteration
+    assert kept[("ReadVariableOp", False, 2)] == 0  # the kernel read each iteration is the variable itself
+    assert kept[("TensorListGetItem", False, 2)] == 0  # x_t: an element of the input list, already held
+    assert kept[("Tanh", False, 2)] == 32 * state
+
+
+def test_tensor_list_from_tensor_copies_each_row() -> None:
+    t = tf.TensorSpec((32, 8, 10), tf.float32)
+    assert tf_backend._list_copy_bytes(t) == 32 * tf_backend.bfc_round(8 * 10 * 4)  # 320 B rows: 512 B chunks
+
+
+def test_recurrent_estimates_say_the_default_executor_can_peak_higher() -> None:
+    import nnmem
+
+    lstm = nnmem.estimate("keras_lstm", mode="infer", batch=BATCH)
+    mlp = nnmem.estimate("keras_mlp", mode="infer", batch=BATCH)
+    assert any("while-loop iterations concurrently" in n for n in lstm.notes)
+    assert not any("while-loop" in n for n in mlp.notes)

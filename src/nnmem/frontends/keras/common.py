@@ -9,7 +9,9 @@ everything batch-sized is left to the backend's tracer.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +21,7 @@ import numpy as np
 from nnmem.errors import ConfigError, TraceError
 from nnmem.trace import Category, LayerInfo
 
-__all__ = ["OPTIMIZERS", "KerasStep", "backend_name", "is_keras_model", "layer_infos", "make_optimizer",
+__all__ = ["OPTIMIZERS", "KerasStep", "backend_name", "is_keras_model", "layer_infos", "make_optimizer", "no_gc",
            "optimizer_label", "prepare", "resident_variables", "variable_nbytes", "array_nbytes", "flat_arrays"]
 
 OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -253,3 +255,20 @@ def resident_variables(model: Any, mode: str) -> list[tuple[Any, Category, str]]
         for v in model.metrics_variables:
             add(v, Category.BUFFERS)
     return out
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Collect cyclic garbage, then keep the collector off for the duration.
+
+    Keras leaves some step outputs in reference cycles: freed whenever the collector happens to run, they
+    move a measured peak from run to run by their size.
+    """
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

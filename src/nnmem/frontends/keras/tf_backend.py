@@ -11,10 +11,11 @@ allocated) and replays its graph the way the executor frees memory:
 * view ops (Identity, Reshape, ReadVariableOp, ...) share their input's buffer, element-wise kernels
   write into an input buffer they hold the last reference to (``OpKernelContext::forward_input``);
 * control flow: an ``If`` / ``While`` body is replayed on its own and its rise counted as the op's
-  workspace; a forward ``While`` whose body pushes onto gradient accumulators keeps ``iterations ×``
-  the pushed tensors until the gradient loop has consumed them; the ops of a body that depend on no
-  recurrent state (an RNN's ``x_t @ kernel``) run up to ``parallel_iterations`` iterations ahead, and what
-  they hand to the recurrence is held once per iteration in flight (:func:`_ahead_bytes`);
+  workspace (the executor the truth runs keeps control flow functional: a loop runs one iteration at a
+  time); a forward ``While`` whose body pushes onto gradient accumulators keeps ``iterations ×`` the pushed
+  tensors until the gradient loop has consumed them — a pushed loop variable the body recomputes (an RNN's
+  ``h`` and ``c``) one per iteration after the first, a pushed variable read or list element none
+  (:func:`_carried_state`); ``TensorListFromTensor`` copies every row into its own chunk;
 * ``Einsum`` transposes operands into temporary copies and, when the output's label order needs it, the
   batch-matmul result into the output (:func:`_einsum_scratch`), counted as the op's workspace;
 * the allocator: the BFC allocator is replayed (:class:`_BFC`) over three steps, and each block gets the chunk
@@ -25,13 +26,15 @@ allocated) and replays its graph the way the executor frees memory:
   a 927 KB gap; keras_partly_frozen infer: 622,080 B of 639 KB), while oneDNN kernel scratch (``temp``
   allocations) is 12,336 B per fused convolution and is left out.
 
-Ops run in graph-construction order, one at a time. The truth it is compared with runs on one inter-op
-thread (:func:`measure_step`); with TensorFlow's default inter-op parallelism independent ops run
-concurrently and the peak varies from run to run (``parallel_iterations=32`` in Keras's RNN loops). Even on
-one thread the executor picks inline or queued execution by each kernel's measured cost, so in the gradient
-loop of a recurrent step the per-iteration weight-gradient partials can pile up ahead of their accumulation
-(keras_lstm train: 4.2 MB in the first steps, 7.3-7.7 MB steady, 15.6 MB under CPU contention); the estimate
-is the schedule where each partial is summed as soon as it exists (4.0 MB) — not modelled.
+Ops run in graph-construction order, one at a time. The truth it is compared with (:func:`measure_step`)
+runs the step on TensorFlow's sequential executor with one intra-op thread, whose peak repeats from process to
+process (to the byte in most cases).
+TensorFlow's default executor orders ready ops by their measured cost and runs up to ``parallel_iterations``
+iterations of a lowered while loop at once, so its peak moves with timing — least in feed-forward steps,
+most in recurrent training (keras_lstm train on one inter-op thread: 3.3 to 15.6 MB against 4.7 MB on the
+sequential executor); that spread is not modelled. Not modelled either: the BFC chunks the variables got
+while their initializers ran (keras_lstm: the (64, 512) kernel sits in a 249,600 B chunk), which the truth's
+resident bytes include.
 """
 
 from __future__ import annotations
@@ -53,13 +56,14 @@ from nnmem.frontends.keras.common import (
     array_nbytes,
     flat_arrays,
     layer_infos,
+    no_gc,
     optimizer_label,
     resident_variables,
 )
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
-__all__ = ["trace_step", "measure_step", "single_inter_op_thread", "bfc_round"]
+__all__ = ["trace_step", "measure_step", "sequential_runtime", "bfc_round"]
 
 BFC_MIN_ALLOCATION = 256
 """tensorflow/core/common_runtime/bfc_allocator.h: ``kMinAllocationSize = 256``; every chunk is a multiple."""
@@ -67,7 +71,7 @@ BFC_MIN_ALLOCATION = 256
 # Ops whose outputs share the buffer of an input (output i ↔ input i, or output 0 ↔ input 0).
 _VIEWS = frozenset({
     "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "ReadVariableOp", "StopGradient",
-    "PreventGradient", "EnsureShape", "Snapshot", "TensorListFromTensor", "_Arg", "Placeholder", "Bitcast",
+    "PreventGradient", "EnsureShape", "Snapshot", "_Arg", "Placeholder", "Bitcast",
 })
 # Ops that allocate nothing batch-sized on the step's allocator (constants are resident kernel state).
 _NO_BUFFER = frozenset({
@@ -278,7 +282,12 @@ class _Replay:
                 return _Buf(0, -1, uses, False)
             src.holders += uses  # the view keeps the source alive through its own consumers
             return src
-        nbytes = self._accumulated(op, k) if kind in _WHILES else _tensor_bytes(t)
+        if kind in _WHILES:
+            nbytes = self._accumulated(op, k)
+        elif kind == "TensorListFromTensor":
+            nbytes = _list_copy_bytes(op.inputs[0])
+        else:
+            nbytes = _tensor_bytes(t)
         if kind in _FORWARDING and k == 0:
             for buf in ins:
                 if buf is not None and buf.owned and buf.holders == 1 and buf.nbytes == bfc_round(nbytes):
@@ -301,6 +310,9 @@ class _Replay:
         if out is None or out.op.type != "TensorListPushBack":
             return 0
         pushed = out.op.inputs[1]
+        carried = _carried_state(body, pushed)
+        if carried:  # a loop variable the body recomputes: each iteration pushes the previous one's value
+            return (_iterations(op) - 1) * bfc_round(_tensor_bytes(pushed))
         if _is_alias_of_variable(pushed):
             return 0
         return _iterations(op) * bfc_round(_tensor_bytes(pushed))
@@ -323,8 +335,6 @@ class _Replay:
             graph = self._body(op, attr)
             if graph is not None:
                 rise = max(rise, _graph_rise(graph, self.functions))
-        if op.type in _WHILES and (body := self._body(op, "body")) is not None:
-            rise += (_look_ahead(op) - 1) * _ahead_bytes(body)
         return rise
 
 
@@ -363,85 +373,44 @@ def _einsum_scratch(op: Any) -> int:
     return scratch
 
 
-# TensorList ops hand out or store element tensors without copying them.
-_LIST_OPS = frozenset({
-    "TensorListGetItem", "TensorListPopBack", "TensorListPushBack", "TensorListSetItem", "TensorListFromTensor",
-    "TensorListLength", "TensorListElementShape", "TensorListReserve",
-})
+def _list_copy_bytes(t: Any) -> int:
+    """Bytes ``TensorListFromTensor`` allocates: it copies each row of ``t`` into its own aligned element.
 
-
-def _look_ahead(op: Any) -> int:
-    """Iterations of a While loop in flight at once: ``parallel_iterations``, at most the trip count."""
-    try:
-        parallel = int(op.get_attr("parallel_iterations"))
-    except (ValueError, AttributeError):
-        parallel = 1
-    return max(1, min(parallel, _iterations(op)))
-
-
-def _computes(op: Any) -> bool:
-    """Whether an op computes a non-scalar tensor (not a view, a list operation or bookkeeping)."""
-    if op.type in _VIEWS or op.type in _NO_BUFFER or op.type in _LIST_OPS or op.type == "Placeholder":
-        return False
-    return any(t.dtype not in (tf.variant, tf.resource) and (t.shape.rank is None or t.shape.rank > 0)
-               for t in op.outputs)
-
-
-def _ahead_bytes(body: Any) -> int:
-    """Bytes one iteration of a While body computes ahead of the recurrence and holds until it catches up.
-
-    A lowered ``While`` runs up to ``parallel_iterations`` iterations at once: an op runs as soon as its own
-    iteration's inputs are ready. Loop variables split into slow ones — those whose next value is computed
-    (a non-scalar op on the path) from a loop variable, and every variable depending on one: the recurrent
-    state, output lists written from it — and fast ones: the counters, loop invariants, lists read or pushed
-    without computing. The ops that depend on fast variables only (in an RNN: the input projection
-    ``x_t @ kernel``) run for every iteration in flight while the state is still at the first; their
-    outputs that a slow op reads are held, one set per iteration in flight. Measured with the BFC peak on the
-    default inter-op threads (keras_lstm infer, 32 steps, parallel_iterations=32): 0.81 MB without the
-    look-ahead, 1.31 MB measured, the 31 held ``(8, 512)`` projections are 0.51 MB.
+    (``list_kernels.h``: ``allocate_temp`` per element, so every row is its own BFC chunk.)
     """
-    index = {t.name: k for k, t in enumerate(body.inputs)}
-    depends: dict[str, set[int]] = {}  # op → loop variables it depends on
-    computed: dict[str, set[int]] = {}  # op → loop variables it depends on through a computing op
-    ops = body.get_operations()
-    for op in ops:
-        dep: set[int] = set()
-        via: set[int] = set()
-        for t in op.inputs:
-            if t.name in index:
-                dep.add(index[t.name])
-            else:
-                dep |= depends.get(t.op.name, set())
-                via |= computed.get(t.op.name, set())
-        for c in op.control_inputs:
-            dep |= depends.get(c.name, set())
-        depends[op.name] = dep
-        computed[op.name] = set(dep) if _computes(op) else via
-    outputs = list(body.outputs)
-    out_dep = [{index[t.name]} if t.name in index else depends.get(t.op.name, set()) for t in outputs]
-    slow = {k for k, t in enumerate(outputs) if t.name not in index and computed.get(t.op.name)}
-    grew = True
-    while grew:
-        grew = False
-        for k, dep in enumerate(out_dep):
-            if k not in slow and dep & slow:
-                slow.add(k)
-                grew = True
-    ahead = {op.name for op in ops if not depends[op.name] & slow}
-    held: dict[str, int] = {}
-    for op in ops:
-        if op.name in ahead:
-            continue
-        for t in op.inputs:
-            if t.op.name in ahead and _computes(t.op):
-                held[t.name] = bfc_round(_tensor_bytes(t))
-    return sum(held.values())
+    shape = t.shape
+    if t.dtype in (tf.resource, tf.variant, tf.string) or shape.rank is None or shape.rank < 1 or \
+            not shape.is_fully_defined():
+        return 0
+    rows = int(shape[0])
+    return rows * bfc_round(int(np.prod(shape.as_list()[1:], dtype=np.int64)) * t.dtype.size)
+
+
+def _carried_state(body: Any, t: Any) -> bool:
+    """Whether ``t`` is (a view of) a loop variable of ``body`` whose next value the body computes.
+
+    Such a variable (an RNN's ``h`` and ``c``) is a new tensor every iteration, so pushing it onto a gradient
+    accumulator keeps one per iteration after the first (whose value is the loop's input, live anyway);
+    a loop invariant passed through unchanged is one buffer.
+    """
+    while t.op.type in ("Identity", "Reshape", "ExpandDims", "Squeeze"):
+        t = t.op.inputs[0]
+    names = [x.name for x in body.inputs]
+    if t.op.type != "Placeholder" or t.name not in names:
+        return False
+    k = names.index(t.name)
+    if k >= len(body.outputs):
+        return False
+    nxt = body.outputs[k]
+    while nxt.op.type in ("Identity", "IdentityN") and nxt.name != t.name:
+        nxt = nxt.op.inputs[0] if nxt.op.type == "Identity" else nxt.op.inputs[nxt.value_index]
+    return nxt.name != t.name
 
 
 def _is_alias_of_variable(t: Any) -> bool:
     while t.op.type in ("Identity", "Reshape", "ExpandDims", "Squeeze"):
         t = t.op.inputs[0]
-    return bool(t.op.type in ("ReadVariableOp", "Placeholder", "Const"))
+    return bool(t.op.type in ("ReadVariableOp", "Placeholder", "Const", "TensorListGetItem"))
 
 
 def _iterations(op: Any) -> int:
@@ -475,6 +444,28 @@ def _graph_rise(graph: Any, functions: dict[str, Any]) -> int:
         peak = max(peak, live)
         live -= sum(s for s, f in zip(replay.sizes, replay.free_at) if f == index)
     return peak
+
+
+_CALLERS = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
+            "While": ("cond", "body"), "StatelessWhile": ("cond", "body"), "PartitionedCall": ("f",),
+            "StatefulPartitionedCall": ("f",), "Case": (), "StatelessCase": ()}
+
+
+def _call_depth(graph: Any, functions: dict[str, Any], seen: frozenset[str] = frozenset()) -> int:
+    """How deep the graph nests function calls (an ``If`` in a ``PartitionedCall``: 2)."""
+    depth = 0
+    for op in graph.get_operations():
+        if op.type not in _CALLERS:
+            continue
+        names = [op.get_attr(a).name for a in _CALLERS[op.type]] if _CALLERS[op.type] else \
+            [f.name for f in op.get_attr("branches")]
+        inner = 0
+        for name in names:
+            fn = functions.get(name)
+            if fn is not None and name not in seen and getattr(fn, "graph", None) is not None:
+                inner = max(inner, _call_depth(fn.graph, functions, seen | {name}))
+        depth = max(depth, 1 + inner)
+    return depth
 
 
 def _functions_of(graph: Any) -> dict[str, Any]:
@@ -706,6 +697,10 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
                       for i, op in enumerate(ops))
     info = {**meta, "tensorflow": tf.__version__, "keras": keras.__version__, "batch": step.batch,
             "executor": "tf.function graph executor (jit_compile=False)",
+            "call_depth": _call_depth(graph, replay.functions),
+            "while_loops": sum(op.type in _WHILES for g in [graph, *(getattr(f, "graph", None) for f in
+                                                                     replay.functions.values())]
+                               if g is not None for op in g.get_operations()),
             "allocator_model": "BFC: 256-byte chunks, sequential schedule"}
     if step.mode == "train":
         info["optimizer"] = optimizer_label(step.model)
@@ -723,33 +718,44 @@ def _run(step: KerasStep, x: Any, y: Any) -> None:
         step.model.predict_on_batch(x)
 
 
-MEASURED_STEPS = 3
-"""Steps measured after the warm-up; the report takes their median peak. One inter-op thread does not make the
-peak repeat exactly: the executor runs a ready op inline or queues it by its measured cost (``KernelStats``,
-8000 cycles, a moving average over runs), so the order of ready ops drifts with timing. Dense and conv steps
-repeat within a few percent; a Keras RNN's lowered while loop (``parallel_iterations=32``) flips between
-schedules whose peaks differ up to 3x (keras_lstm train: 4.2 MB and 13.2 MB within one process)."""
+MEASURED_STEPS = 5
+"""Steps measured after the warm-up; the report takes their median peak (on the sequential executor they repeat
+to the byte, except for a few KiB of BFC layout in steps with a loss-scale ``tf.cond``)."""
+
+MEASURE_EXECUTOR = "SINGLE_THREADED_EXECUTOR"
+"""The executor the truth runs the step's function on: TensorFlow's own sequential executor
+(``single_threaded_executor.cc``: kernels one at a time in a fixed topological order, each input released after
+its last consumer, control flow functional — a while loop runs one iteration at a time). TensorFlow's default
+executor picks, per ready op, inline or queued execution by a moving average of its measured cycles
+(``KernelStats``: ops start "expensive", become inline under 8000 cycles), so its peak follows timing: on one
+inter-op thread keras_lstm train measured 3.3, 4.1, 4.8, then 15.6 MB steady in one process and 7.3 MB steady in
+another; its lowered while loops also run up to ``parallel_iterations`` iterations at once. A peak that moves 3x
+with CPU load cannot be an accuracy reference; the sequential executor's repeats exactly."""
+
+MEASURE_INTER_OP_THREADS = 16
+"""Inter-op threads the measuring process starts TensorFlow with. The sequential executor runs every kernel in
+the calling thread, but a kernel that calls a function (``If``, ``While``, ``PartitionedCall``) blocks its thread
+until the callee, started on the inter-op pool, is done: each level of nesting holds one pool thread, and a pool
+with too few threads deadlocks (keras_mixed_float16 train, a loss-scale ``tf.cond`` inside the train function,
+hangs with 2). The threads add no concurrency."""
+
+MEASURE_INTRA_OP_THREADS = 1
+"""Intra-op threads of the measuring process. With two, kernels' worker threads allocate in racing order and the
+BFC layout — which free chunk a 1 MiB activation lands in — changes from process to process
+(keras_partly_frozen train: 2.74 MB in one process, 3.15 MB in the next); with one, three processes measured
+3,145,216-3,145,472 B."""
 
 
-def single_inter_op_thread() -> None:
-    """Make TensorFlow's executor run one op at a time (one inter-op thread), the schedule the estimate models.
+def sequential_runtime() -> None:
+    """Start TensorFlow with the thread pools of the measurement (:data:`MEASURE_INTER_OP_THREADS` inter-op,
+    :data:`MEASURE_INTRA_OP_THREADS` intra-op).
 
-    Call before TensorFlow runs its first op (building a Keras model runs ops); ``TF_NUM_INTEROP_THREADS=1``
-    in the environment before that has the same effect.
-
-    Raises:
-        MeasureError: TensorFlow already runs with more than one inter-op thread.
+    Call before TensorFlow runs its first op (building a Keras model runs ops); once TensorFlow has started
+    this does nothing and :func:`measure_step` checks the pools.
     """
-    from nnmem.errors import MeasureError
-
-    with suppress(RuntimeError):  # already started: fine only if it was started with one thread (checked below)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
-    threads = _inter_op_threads()
-    if threads is not None and threads != 1:
-        raise MeasureError(f"expected TensorFlow to run 1 inter-op thread (the sequential schedule the estimate "
-                           f"models); it was started with {threads}: set TF_NUM_INTEROP_THREADS=1 in the "
-                           "environment, or call tf_backend.single_inter_op_thread(), before TensorFlow runs "
-                           "its first op (building the model runs ops)")
+    with suppress(RuntimeError):  # already started: measure_step checks the pools
+        tf.config.threading.set_inter_op_parallelism_threads(MEASURE_INTER_OP_THREADS)
+        tf.config.threading.set_intra_op_parallelism_threads(MEASURE_INTRA_OP_THREADS)
 
 
 def _inter_op_threads() -> int | None:
@@ -769,46 +775,74 @@ def _inter_op_threads() -> int | None:
     return count or None
 
 
+def _owned_tensor(value: Any) -> Any:
+    """A tensor in a buffer of TensorFlow's allocator holding ``value``.
+
+    ``tf.convert_to_tensor`` of a NumPy array keeps NumPy's buffer when it happens to be 64-byte aligned and
+    copies it otherwise, so the data were on the BFC allocator in some processes and not in others
+    (keras_separable_cnn train: 91,904 or 190,208 B in use before the step, peaks 6.6 to 8.2 MB).
+    """
+    return tf.raw_ops.DeepCopy(x=tf.convert_to_tensor(value))
+
+
 def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
-    """Run the real step on one inter-op thread and report the BFC allocator's peak (bytes in use, variables included).
+    """Run the real step on TensorFlow's sequential executor and report the BFC allocator's peak (bytes in use).
 
     Call in a fresh process that set ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow was imported and
-    either called :func:`single_inter_op_thread` or set ``TF_NUM_INTEROP_THREADS=1`` before TensorFlow ran its
-    first op. The peak is for one inter-op thread: with TensorFlow's default inter-op parallelism it varies
-    from run to run (a Keras RNN's while loop runs up to 32 iterations concurrently). The data become tensors
-    first (live before the step, like the variables); 2 train steps (1 inference step) warm up the function
-    and the allocator; then each measured step runs between ``reset_memory_stats`` and a read of ``peak``.
+    called :func:`sequential_runtime` before TensorFlow ran its first op. The step's function runs on
+    :data:`MEASURE_EXECUTOR`, the schedule the estimate models; the data become tensors first (live before the
+    step, like the variables); 2 train steps (1 inference step) warm up the function and the allocator; then
+    each measured step runs between ``reset_memory_stats`` and a read of ``peak``.
 
     Raises:
-        MeasureError: the BFC allocator is not in use (its statistics read 0), or TensorFlow runs more than
-            one inter-op thread.
+        MeasureError: the BFC allocator is not in use (its statistics read 0), or TensorFlow started with
+            other thread pools than :func:`sequential_runtime` sets (too few inter-op threads for the step's
+            nested function calls, more than one intra-op thread).
     """
+    from tensorflow.python.eager.context import function_executor_type
+
     from nnmem.errors import MeasureError
 
-    single_inter_op_thread()
+    sequential_runtime()
     trace = trace_step(step, meta=meta)
-    x = keras.tree.map_structure(tf.convert_to_tensor, step.x)
-    y = keras.tree.map_structure(tf.convert_to_tensor, step.y) if step.y is not None else None
+    depth = int(trace.meta.get("call_depth", 0))  # type: ignore[call-overload]
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    if intra != MEASURE_INTRA_OP_THREADS:
+        raise MeasureError(f"expected TensorFlow to run {MEASURE_INTRA_OP_THREADS} intra-op thread (kernels allocate "
+                           f"in one fixed order), it runs {intra or 'the default number of'}: call "
+                           "nnmem.frontends.keras.tf_backend.sequential_runtime() before TensorFlow runs its first "
+                           "op (building the model runs ops)")
+    threads = _inter_op_threads()
+    if threads is not None and threads <= depth:
+        raise MeasureError(f"the step nests function calls {depth} deep (tf.cond, while loops, ...) and the "
+                           f"sequential executor holds an inter-op thread per level, but TensorFlow runs {threads}: "
+                           "call nnmem.frontends.keras.tf_backend.sequential_runtime() before TensorFlow runs "
+                           "its first op (building the model runs ops)")
+    x = keras.tree.map_structure(_owned_tensor, step.x)
+    y = keras.tree.map_structure(_owned_tensor, step.y) if step.y is not None else None
     if _memory_info()["current"] <= 0:
         raise MeasureError("TensorFlow's CPU allocator keeps no statistics: set TF_CPU_ALLOCATOR_USE_BFC=true "
                            "in the environment before TensorFlow is imported")
-    for _ in range(2 if step.mode == "train" else 1):
-        _run(step, x, y)
-    peaks, before = [], []
-    for _ in range(MEASURED_STEPS):
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        before.append(_memory_info()["current"])
-        _run(step, x, y)
-        peaks.append(_memory_info()["peak"])
+    with function_executor_type(MEASURE_EXECUTOR):
+        for _ in range(2 if step.mode == "train" else 1):
+            _run(step, x, y)
+        peaks, before = [], []
+        for _ in range(MEASURED_STEPS):
+            with no_gc():  # cyclic garbage of the step before collected, none collected during the step
+                tf.config.experimental.reset_memory_stats("CPU:0")
+                before.append(_memory_info()["current"])
+                _run(step, x, y)
+                peaks.append(_memory_info()["peak"])
     peak = int(sorted(peaks)[len(peaks) // 2])
     resident = int(sorted(before)[len(before) // 2])
-    notes = (f"allocator peak: TensorFlow BFC bytes in use on 1 inter-op thread, median of {MEASURED_STEPS} "
-             f"steps ({', '.join(f'{p:,}' for p in peaks)} B); {resident:,} B in use before the step "
-             f"(estimated resident: {trace.resident_bytes:,} B)",
-             "with TensorFlow's default inter-op parallelism the peak varies from run to run (e.g. Keras's RNN "
-             "while loop runs up to 32 iterations concurrently); on one thread recurrent steps still vary")
+    notes = (f"allocator peak: TensorFlow BFC bytes in use on the sequential executor ({MEASURE_EXECUTOR}), median "
+             f"of {MEASURED_STEPS} steps ({', '.join(f'{p:,}' for p in peaks)} B); {resident:,} B in use before "
+             f"the step (estimated resident: {trace.resident_bytes:,} B)",
+             "TensorFlow's default executor orders ready ops by their measured cost and runs while-loop "
+             "iterations concurrently: its peak moves with timing, most in recurrent training steps "
+             "(keras_lstm train: 3.3 to 15.6 MB against 4.7 MB here)")
     estimated = report_from_trace(trace, source="estimate", model=name, device="cpu").peak_bytes
-    info = {**trace.meta, "method": "bfc_peak", "inter_op_threads": 1, "resident_measured": resident,
+    info = {**trace.meta, "method": "bfc_peak", "executor": MEASURE_EXECUTOR, "resident_measured": resident,
             "peak_min": min(peaks), "peak_max": max(peaks), "estimated_peak": estimated}
     trace = Trace(trace.framework, trace.mode, trace.blocks, trace.ops, trace.layers, info)
     return report_from_trace(trace, source="measure", model=name, device="cpu",

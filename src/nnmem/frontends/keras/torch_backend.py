@@ -10,7 +10,7 @@ phases come from ``Tensor.backward`` and ``optimizer.apply``.
 Python's cyclic garbage collector: Keras leaves some layer outputs in reference cycles (closures of the
 functional graph), which CPython frees only when the collector runs, so the peak of a step varies between
 runs by up to the size of those outputs. Estimate and measurement therefore use one convention: the step
-starts after ``gc.collect()`` and the collector does not run inside it (:func:`_no_gc`).
+starts after ``gc.collect()`` and the collector does not run inside it (:func:`nnmem.frontends.keras.common.no_gc`).
 
 Steady state as Keras has it on torch: the torch trainer zeroes gradients *after* the forward pass
 (``self.zero_grad()`` in ``train_step``), so the previous step's gradients are live through the forward.
@@ -19,7 +19,6 @@ Steady state as Keras has it on torch: the torch trainer zeroes gradients *after
 from __future__ import annotations
 
 import functools
-import gc
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -28,7 +27,7 @@ import keras
 import torch
 
 from nnmem.errors import TraceError
-from nnmem.frontends.keras.common import KerasStep, flat_arrays, layer_infos, resident_variables
+from nnmem.frontends.keras.common import KerasStep, flat_arrays, layer_infos, no_gc, resident_variables
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
 from nnmem.measure.torch_run import _quiet_stderr, allocator_rise, storage_bytes
 from nnmem.report.model import Report, report_from_trace
@@ -174,22 +173,9 @@ def _run(step: KerasStep, x: Any, y: Any) -> None:
             model.predict_function([(x,)])
 
 
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    """Collect cyclic garbage, then keep the collector off for the duration (see the module docstring)."""
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _call(step: KerasStep, x: Any, y: Any) -> None:
     try:
-        with _no_gc():
+        with no_gc():
             _run(step, x, y)
     except (RuntimeError, ValueError, TypeError, IndexError) as err:
         shapes = ", ".join(f"{tuple(a.shape)} {str(a.dtype).replace('torch.', '')}" for a in flat_arrays(x))
