@@ -719,8 +719,9 @@ def _run(step: KerasStep, x: Any, y: Any) -> None:
 
 
 MEASURED_STEPS = 5
-"""Steps measured after the warm-up; the report takes their median peak (on the sequential executor they repeat
-to the byte, except for a few KiB of BFC layout in steps with a loss-scale ``tf.cond``)."""
+"""Steps measured after the warm-up; the report takes their median peak. On the sequential executor most steps
+repeat to the byte; the BFC layout can still shift between steps (and differs between processes in conv
+training steps: keras_separable_cnn train 6.30 to 8.14 MB in 16 processes)."""
 
 MEASURE_EXECUTOR = "SINGLE_THREADED_EXECUTOR"
 """The executor the truth runs the step's function on: TensorFlow's own sequential executor
