@@ -327,9 +327,7 @@ class _Replay:
 
     def _workspace(self, op: Any) -> int:
         """The rise of a called graph (If branch, While body, function) over its arguments, in bytes."""
-        attrs = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
-                 "While": ("body",), "StatelessWhile": ("body",), "PartitionedCall": ("f",),
-                 "StatefulPartitionedCall": ("f",)}.get(op.type, ())
+        attrs = _CALLERS.get(op.type, ())  # a While's cond rises too, by a scalar
         rise = _einsum_scratch(op) if op.type == "Einsum" else 0
         for attr in attrs:
             graph = self._body(op, attr)
