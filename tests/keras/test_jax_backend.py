@@ -53,8 +53,13 @@ _NOISY = {  # within a few points of 10 %
     ("keras_partly_frozen", "train"): "+12 %: the backward convolutions' padded inputs are not all live at once",
     ("keras_subclassed", "train"): "-11 %: the Python side of train_on_batch (~30 KB) on a 0.8 MB step",
     ("keras_subclassed", "infer"): "-17 %: the Python side of predict_on_batch (~35 KB) on a 0.2 MB step",
+    ("keras_two_branch_cnn", "infer"): "-1 % to +15 %: the step's malloc rise takes two values (4.75 MB in some "
+                                       "steps, 5.65-5.72 MB in others: 4,751,536 / 5,654,824 / 4,826,904 / "
+                                       "5,716,912 B in one process), as the two branches' convolutions overlap "
+                                       "on XLA's threads or not; the estimate counts them concurrent",
 }
-_QUICK = {("keras_lstm", "train"), ("keras_conv1d_gru", "train"), ("keras_two_branch_cnn", "infer")}
+_QUICK = {("keras_lstm", "train"), ("keras_lstm", "infer"), ("keras_conv1d_gru", "train"),
+          ("keras_two_branch_cnn", "infer")}
 _ALL = os.environ.get("NNMEM_ACCURACY_ALL") == "1"
 
 
