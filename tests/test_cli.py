@@ -189,6 +189,26 @@ def test_measure_json_is_the_comparison() -> None:
     assert data["fits"] is True
 
 
+def test_measure_runs_reports_the_median_run_and_every_peak() -> None:
+    result = invoke("measure", "mlp", "--batch", "8", "--json", "--runs", "3")
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.stdout)["measured"]
+    peaks = measured["meta"]["runs_peaks"]
+    assert len(peaks) == 3 and measured["meta"]["runs"] == 3
+    assert measured["peak_bytes"] == sorted(peaks)[1]
+    assert any("median of 3 runs" in note for note in measured["notes"])
+
+
+@pytest.mark.parametrize("runs", ["0", "x", "51"])
+def test_bad_runs(runs: str) -> None:
+    assert_user_error(invoke("measure", "mlp", "--runs", runs), "--runs")
+
+
+def test_bad_runs_in_the_api() -> None:
+    with pytest.raises(nnmem.ConfigError, match="runs"):
+        nnmem.measure("mlp", batch=2, runs=0)
+
+
 def test_examples_lists_mlp() -> None:
     result = invoke("examples")
     assert result.exit_code == 0, result.output

@@ -170,16 +170,35 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
 
 def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
             loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
-            batch: int | None = None, input_shape: Any = None, timeout_s: float | None = None) -> Report:
+            batch: int | None = None, input_shape: Any = None, timeout_s: float | None = None,
+            runs: int = 1) -> Report:
     """Run the step for real in a child process and report what it used, at every level.
 
     Takes the same arguments as :func:`estimate`. The child's death (OOM kill, crash) raises
     ``MeasureError`` here; the caller survives.
+
+    Args:
+        runs: fresh child processes to measure the step in (each warms up and measures on its own); the
+            report is the run with the median peak, its ``meta`` and notes give every run's peak. Use more
+            than one where the peak differs between processes (TensorFlow's BFC chunk layout).
     """
+    from nnmem.report.runs import MAX_RUNS, median_run
+
+    _check(mode, optimizer, batch, device)
+    if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
+        raise ConfigError(f"expected runs as an integer from 1 to {MAX_RUNS} (fresh processes to measure in). "
+                          f"Received: runs={runs!r}")
+    return median_run([_measure_once(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn,
+                                     target=target, device=device, batch=batch, input_shape=input_shape,
+                                     timeout_s=timeout_s) for _ in range(runs)])
+
+
+def _measure_once(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn: Callable[..., Any] | None,
+                  target: Any, device: str, batch: int | None, input_shape: Any, timeout_s: float | None) -> Report:
+    """One real step in one fresh child process (arguments checked by :func:`measure`)."""
     from nnmem.loader import Built
     from nnmem.measure.child import run_in_child
 
-    _check(mode, optimizer, batch, device)
     if device.strip().lower() != "cpu":
         raise UnsupportedError(f"measuring on device {device!r}: this version measures CPU steps only "
                                "(device='cpu'); benchmarks/cuda_validate.py measures on a GPU")

@@ -185,16 +185,19 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
 @_step_options
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
               metavar="SECONDS", help="Kill the measuring child process after this many seconds.")
+@click.option("--runs", type=click.IntRange(1, 50), default=1, show_default=True,
+              help="Fresh processes to measure in; reports the median run and every run's peak.")
 def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-            device: str, budget: int | None, as_json: bool, timeout_s: float | None) -> None:
+            device: str, budget: int | None, as_json: bool, timeout_s: float | None, runs: int) -> None:
     """Estimate MODEL's step, run it for real in a child process, and compare the two.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
-    Default batch 32. --budget is checked against the measured peak.
+    Default batch 32. --budget is checked against the measured peak. --runs N measures in N fresh processes
+    (TensorFlow's peak differs between processes) and compares with the median run.
     """
     kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device)
     estimated = nnmem.estimate(model, **kwargs)
-    measured = nnmem.measure(model, **kwargs, timeout_s=timeout_s)
+    measured = nnmem.measure(model, **kwargs, timeout_s=timeout_s, runs=runs)
     comparison = nnmem.compare(estimated, measured)
     if as_json:
         data = {**comparison.to_dict(), **_budget_dict(measured.peak_bytes, budget)}
