@@ -51,6 +51,9 @@ _MISSES = {  # beyond 10 %: what the estimate lacks
 _NOISY = {  # within a few points of 10 %
     ("keras_separable_cnn", "infer"): "-9 % to -12 %: YNNPACK spreads its 128 KiB tiles over 2-4 blocks",
     ("keras_partly_frozen", "train"): "+12 %: the backward convolutions' padded inputs are not all live at once",
+    ("keras_partly_frozen", "infer"): "-5 % to +60 %: the step's malloc rise differs between processes (2,306,224 B "
+                                      "in one, 1,372,224 and 1,372,240 B in two others); the estimate keeps both "
+                                      "convolutions' padded inputs live together",
     ("keras_subclassed", "train"): "-11 %: the Python side of train_on_batch (~30 KB) on a 0.8 MB step",
     ("keras_subclassed", "infer"): "-17 %: the Python side of predict_on_batch (~35 KB) on a 0.2 MB step",
     ("keras_two_branch_cnn", "infer"): "-1 % to +15 %: the step's malloc rise takes two values (4.75 MB in some "

@@ -223,3 +223,10 @@ def test_recurrent_estimates_say_the_default_executor_can_peak_higher() -> None:
     mlp = nnmem.estimate("keras_mlp", mode="infer", batch=BATCH)
     assert any("while-loop iterations concurrently" in n for n in lstm.notes)
     assert not any("while-loop" in n for n in mlp.notes)
+
+
+def test_estimates_say_the_bfc_layout_moves_the_peak_between_processes() -> None:
+    import nnmem
+
+    report = nnmem.estimate("keras_mlp", mode="train", batch=BATCH)
+    assert any(n.startswith("BFC layout:") and "--runs" in n for n in report.notes)
