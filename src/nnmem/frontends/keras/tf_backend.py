@@ -18,9 +18,11 @@ allocated) and replays its graph the way the executor frees memory:
   (:func:`_carried_state`); ``TensorListFromTensor`` copies every row into its own chunk;
 * ``Einsum`` transposes operands into temporary copies and, when the output's label order needs it, the
   batch-matmul result into the output (:func:`_einsum_scratch`), counted as the op's workspace;
-* the allocator: the BFC allocator is replayed (:class:`_BFC`) over three steps, and each block gets the chunk
-  it is handed in the last one. BFC splits a free chunk only when it is at least twice the request, so a
-  1 MiB activation often gets a whole 1.8 MiB chunk left by the step before; measured with the profiler's
+* the allocator: the BFC allocator is replayed (:class:`_BFC`) from the model's build — each variable after
+  its random initializer's temporaries (:func:`_initializer_temporaries`), which leave holes the next
+  variables land in whole (keras_lstm: the (64, 512) kernel in a 249,600 B chunk) — over three steps, and each
+  block gets the chunk it is handed in the last one. BFC splits a free chunk only when it is at least twice the
+  request, so a 1 MiB activation often gets a whole 1.8 MiB chunk left by the step before; measured with the profiler's
   allocator events (``tf.profiler.experimental``, ``MemoryAllocation`` ``allocation_bytes`` against
   ``requested_bytes``), that waste is the whole gap of the conv nets (keras_separable_cnn infer: 910,080 B of
   a 927 KB gap; keras_partly_frozen infer: 622,080 B of 639 KB), while oneDNN kernel scratch (``temp``
@@ -28,13 +30,14 @@ allocated) and replays its graph the way the executor frees memory:
 
 Ops run in graph-construction order, one at a time. The truth it is compared with (:func:`measure_step`)
 runs the step on TensorFlow's sequential executor with one intra-op thread, whose peak repeats from process to
-process (to the byte in most cases).
+process in most cases — but not in all: the order in which the setup frees its small tensors differs between
+processes, and with it the holes the step's chunks are fitted into (keras_separable_cnn train: 6.30 to 8.14 MB;
+the replay, without those holes, gives the low end).
 TensorFlow's default executor orders ready ops by their measured cost and runs up to ``parallel_iterations``
 iterations of a lowered while loop at once, so its peak moves with timing — least in feed-forward steps,
 most in recurrent training (keras_lstm train on one inter-op thread: 3.3 to 15.6 MB against 4.7 MB on the
-sequential executor); that spread is not modelled. Not modelled either: the BFC chunks the variables got
-while their initializers ran (keras_lstm: the (64, 512) kernel sits in a 249,600 B chunk), which the truth's
-resident bytes include.
+sequential executor); that spread is not modelled. Not modelled either: the temporaries of initializers other than
+the random ones (zeros, ones, orthogonal), and the order of the optimizer's slot creation.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import os
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import keras
@@ -175,12 +178,22 @@ BFC_STEPS = 3
 previous step left: 2 warm-up steps and a measured one, as in :func:`measure_step`)."""
 
 
-def _bfc_chunks(resident: list[int], sizes: list[int], alloc_at: list[int], free_at: list[int],
-                workspace: list[int]) -> list[int]:
-    """The chunk bytes each step block gets from the BFC allocator in a steady-state step, in bytes."""
+def _bfc_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc_at: list[int], free_at: list[int],
+                workspace: list[int]) -> tuple[list[int], list[int]]:
+    """The chunk bytes each resident block and each step block gets from the BFC allocator in a steady-state
+    step, in bytes: (resident chunks, step chunks).
+
+    ``resident`` lists (bytes, temporaries) of each block live before the step, in creation order: a variable
+    is created after ``temporaries`` buffers of its size (its initializer's, see :func:`_initializer_temporaries`)
+    and they are freed after it, which leaves the holes that later requests are fitted into.
+    """
     bfc = _BFC()
-    for nbytes in resident:
-        bfc.alloc(nbytes)
+    kept: list[int] = []
+    for nbytes, temporaries in resident:
+        held = [bfc.alloc(nbytes)[0] for _ in range(temporaries)]
+        kept.append(bfc.alloc(nbytes)[1])
+        for addr in reversed(held):
+            bfc.release(addr)
     born: dict[int, list[int]] = {}
     dying: dict[int, list[int]] = {}
     for b, (a, f) in enumerate(zip(alloc_at, free_at)):
@@ -196,7 +209,7 @@ def _bfc_chunks(resident: list[int], sizes: list[int], alloc_at: list[int], free
                 bfc.release(bfc.alloc(scratch)[0])
             for b in dying.get(i, ()):
                 bfc.release(addrs[b])
-    return chunks
+    return kept, chunks
 
 
 def _tensor_bytes(t: Any) -> int:
@@ -612,16 +625,49 @@ def _forward_layer(name: str, by_name: dict[str, str]) -> str:
     return ""
 
 
-def _resident(step: KerasStep, graph: Any) -> list[Block]:
+_RANDOM_INITIALIZERS = (keras.initializers.RandomUniform, keras.initializers.RandomNormal,
+                        keras.initializers.TruncatedNormal, keras.initializers.VarianceScaling)
+RANDOM_INITIALIZER_TEMPORARIES = 2
+"""Buffers of a variable's size a random Keras initializer allocates before the variable's own, on TensorFlow:
+the raw random tensor and its scaled copy, freed once the variable holds the shifted result (BFC log of
+keras_lstm's build, ``TF_CPP_VMODULE=bfc_allocator=4``: +A +B +C -B -A per GlorotUniform / RandomUniform
+variable). Replaying the logged build through :class:`_BFC` gives the 777,216 B the allocator holds after it
+(656,896 B of variables: the LSTM kernel lands whole in a 249,600 B hole the embedding's temporaries left);
+with this rule the replay gives 775,424 B."""
+
+
+def _initializer_temporaries(model: Any) -> dict[int, int]:
+    """Temporaries of each variable's initializer, by ``id(variable)``: :data:`RANDOM_INITIALIZER_TEMPORARIES`
+    for a random initializer, 0 for others (zeros, ones, orthogonal: not calibrated) and unknown ones.
+
+    A layer names a variable's initializer ``<name>_initializer`` (``kernel_initializer``,
+    ``embeddings_initializer``) or, for ``recurrent_kernel`` / ``depthwise_kernel`` / ``pointwise_kernel``,
+    ``<prefix>_initializer``.
+    """
+    temps: dict[int, int] = {}
+    for layer in model._flatten_layers(include_self=True):
+        for v in [*layer._trainable_variables, *layer._non_trainable_variables]:
+            name = str(v.name)
+            init = getattr(layer, f"{name}_initializer", None) or getattr(
+                layer, f"{name.removesuffix('_kernel')}_initializer", None)
+            temps[id(v)] = RANDOM_INITIALIZER_TEMPORARIES if isinstance(init, _RANDOM_INITIALIZERS) else 0
+    return temps
+
+
+def _resident(step: KerasStep, graph: Any) -> tuple[list[Block], list[int]]:
+    """Blocks live before the step, and how many initializer temporaries preceded each (creation order)."""
     blocks: list[Block] = []
+    temps = _initializer_temporaries(step.model)
+    before: list[int] = []
     for v, category, layer in resident_variables(step.model, step.mode):
         blocks.append(Block(len(blocks), bfc_round(array_nbytes(v)), category, layer, Phase.SETUP, -1, -1))
+        before.append(temps.get(id(v), 0))
     for leaf in flat_arrays((step.x, step.y) if step.mode == "train" else step.x):
         blocks.append(Block(len(blocks), bfc_round(array_nbytes(leaf)), Category.INPUTS, "", Phase.SETUP, -1, -1))
     consts = sum(bfc_round(_tensor_bytes(op.outputs[0])) for op in graph.get_operations() if op.type == "Const")
     if consts:  # ConstantOp keeps its tensor for the kernel's lifetime: live before and after the step
         blocks.append(Block(len(blocks), consts, Category.BUFFERS, "", Phase.SETUP, -1, -1))
-    return blocks
+    return blocks, before + [0] * (len(blocks) - len(before))
 
 
 def _categorize(replay: _Replay, where: list[tuple[Phase, str]], grads: set[int]) -> list[Category]:
@@ -677,10 +723,11 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     replay = _Replay(_functions_of(graph))
     replay.run(ops, {t.name for t in graph.inputs}, where, keep=[t.name for t in graph.outputs])
     cats = _categorize(replay, where, _gradient_blocks(ops, replay, where) if step.mode == "train" else set())
-    blocks = _resident(step, graph)
+    blocks, temporaries = _resident(step, graph)
     base = len(blocks)
-    chunks = _bfc_chunks([b.nbytes for b in blocks], replay.sizes, replay.alloc_at, replay.free_at,
-                         [w for *_, w in replay.ops])
+    held, chunks = _bfc_chunks([(b.nbytes, t) for b, t in zip(blocks, temporaries)], replay.sizes, replay.alloc_at,
+                               replay.free_at, [w for *_, w in replay.ops])
+    blocks = [replace(b, nbytes=size) for b, size in zip(blocks, held)]  # a variable may hold a larger chunk
     for b, size in enumerate(chunks):
         free = replay.free_at[b]
         blocks.append(Block(base + b, size, cats[b], replay.layers[b] or where[replay.alloc_at[b]][1],
