@@ -65,10 +65,10 @@ def estimate_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_f
                          "concurrently and orders ops by their measured cost, so this step can peak above the "
                          "estimate there (keras_lstm train: up to 3.3x on one inter-op thread)")
     if trace.framework == "keras-tensorflow":
-        notes = (*notes, "BFC layout: the estimate replays TensorFlow's allocator from an empty heap; a process "
-                         "whose setup left free chunks can hand a tensor a chunk up to 2x its size, and the measured "
-                         "peak differs between processes (keras_separable_cnn train: 6.30-8.14 MB, 6.29 MB "
-                         "estimated); `nnmem measure --runs 5` shows the spread for this model")
+        notes = (*notes, "BFC layout: the estimate replays TensorFlow's allocator from the model's build, without "
+                         "the holes the rest of the setup leaves; those can hand a tensor a chunk up to 2x its size, "
+                         "and the measured peak differs between processes (keras_separable_cnn train: 6.30-8.14 "
+                         "MB, 6.29 MB estimated); `nnmem measure --runs 5` shows the spread for this model")
     return report_from_trace(trace, source="estimate", model=name, device="cpu", notes=notes)
 
 
