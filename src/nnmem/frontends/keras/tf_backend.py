@@ -645,8 +645,11 @@ def _initializer_temporaries(model: Any) -> dict[int, int]:
     ``<prefix>_initializer``.
     """
     temps: dict[int, int] = {}
+    if not hasattr(model, "_flatten_layers"):  # Keras internals (3.x): without them, no initializer holes
+        return temps
     for layer in model._flatten_layers(include_self=True):
-        for v in [*layer._trainable_variables, *layer._non_trainable_variables]:
+        own = [*getattr(layer, "_trainable_variables", ()), *getattr(layer, "_non_trainable_variables", ())]
+        for v in own:
             name = str(v.name)
             init = getattr(layer, f"{name}_initializer", None) or getattr(
                 layer, f"{name.removesuffix('_kernel')}_initializer", None)
