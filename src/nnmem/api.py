@@ -188,23 +188,24 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
         raise ConfigError(f"expected runs as an integer from 1 to {MAX_RUNS} (fresh processes to measure in). "
                           f"Received: runs={runs!r}")
-    return median_run([_measure_once(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn,
-                                     target=target, device=device, batch=batch, input_shape=input_shape,
-                                     timeout_s=timeout_s) for _ in range(runs)])
-
-
-def _measure_once(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn: Callable[..., Any] | None,
-                  target: Any, device: str, batch: int | None, input_shape: Any, timeout_s: float | None) -> Report:
-    """One real step in one fresh child process (arguments checked by :func:`measure`)."""
-    from nnmem.loader import Built
-    from nnmem.measure.child import run_in_child
-
     if device.strip().lower() != "cpu":
         raise UnsupportedError(f"measuring on device {device!r}: this version measures CPU steps only "
                                "(device='cpu'); benchmarks/cuda_validate.py measures on a GPU")
     name = _display_name(model)
     if isinstance(model, str) and model.endswith(".keras"):
-        model = _load_keras_file(model)
+        model = _load_keras_file(model)  # once, not once per run
+    return median_run([_measure_once(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn,
+                                     target=target, device=device, batch=batch, input_shape=input_shape,
+                                     timeout_s=timeout_s, name=name) for _ in range(runs)])
+
+
+def _measure_once(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn: Callable[..., Any] | None,
+                  target: Any, device: str, batch: int | None, input_shape: Any, timeout_s: float | None,
+                  name: str) -> Report:
+    """One real step in one fresh child process (arguments checked, a ``.keras`` file loaded, by :func:`measure`)."""
+    from nnmem.loader import Built
+    from nnmem.measure.child import run_in_child
+
     factory = _keras_factory(model) if isinstance(model, str) else None
     if factory is not None or _is_keras(model):
         if factory is None:
