@@ -18,9 +18,10 @@ def median_run(reports: Sequence[Report]) -> Report:
 
     An actual run is returned, not averaged figures, so its breakdown still sums to its peak. Its ``meta`` gains
     ``runs`` (how many), ``runs_peaks`` (each run's ``peak_bytes``, in run order, in bytes) and ``runs_peak_min``
-    / ``runs_peak_max`` (in bytes); a note states the spread. Why several processes: TensorFlow's BFC allocator
-    lays chunks out in an order that differs from process to process, so one step's peak takes one of a few
-    values (keras_separable_cnn train: 6.30 to 8.14 MB in 16 processes).
+    / ``runs_peak_max`` (in bytes); a note states the spread. Why several processes: a peak can depend on the process
+    as well as on the step — TensorFlow's BFC allocator fits a step's tensors into the holes the setup left,
+    which move by a chunk or two between processes (keras_separable_cnn infer: 3,043,840 or 3,142,144 B), and a
+    JAX step's malloc high-water mark takes two values on some models (keras_partly_frozen infer).
 
     Example:
         >>> # median_run([measure(m, x) for _ in range(5)]).meta["runs_peak_max"]

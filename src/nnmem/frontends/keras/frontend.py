@@ -65,10 +65,12 @@ def estimate_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_f
                          "concurrently and orders ops by their measured cost, so this step can peak above the "
                          "estimate there (keras_lstm train: up to 3.3x on one inter-op thread)")
     if trace.framework == "keras-tensorflow":
-        notes = (*notes, "BFC layout: the estimate replays TensorFlow's allocator from the model's build, without "
-                         "the holes the rest of the setup leaves; those can hand a tensor a chunk up to 2x its size, "
-                         "and the measured peak differs between processes (keras_separable_cnn train: 6.30-8.14 "
-                         "MB, 6.29 MB estimated); `nnmem measure --runs 5` shows the spread for this model")
+        notes = (*notes, "schedule: ops in the graph's construction order, as `nnmem measure` pins them; a plain "
+                         "train_on_batch runs Grappler's rewrites and an op order that follows heap addresses, so "
+                         "its peak can differ between processes (keras_separable_cnn train at batch 32: 20.1-30.5 "
+                         "MB in 22 processes, 19.9 MB estimated, 20.1 MB pinned)",
+                         "BFC layout: the estimate replays TensorFlow's allocator from the model's build; holes "
+                         "the rest of the setup leaves can hand a tensor a chunk up to 2x its size")
     return report_from_trace(trace, source="estimate", model=name, device="cpu", notes=notes)
 
 

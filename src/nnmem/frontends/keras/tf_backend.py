@@ -28,20 +28,23 @@ allocated) and replays its graph the way the executor frees memory:
   a 927 KB gap; keras_partly_frozen infer: 622,080 B of 639 KB), while oneDNN kernel scratch (``temp``
   allocations) is 12,336 B per fused convolution and is left out.
 
-Ops run in graph-construction order, one at a time. The truth it is compared with (:func:`measure_step`)
-runs the step on TensorFlow's sequential executor with one intra-op thread, whose peak repeats from process to
-process in most cases — but not in all: the order in which the setup frees its small tensors differs between
-processes, and with it the holes the step's chunks are fitted into (keras_separable_cnn train: 6.30 to 8.14 MB;
-the replay, without those holes, gives the low end).
+Ops run in graph-construction order, one at a time (:func:`_execution_order`: an op that got a control input
+after construction waits for it; the halves of a kernel oneDNN may merge run back to back). The truth it is
+compared with (:func:`measure_step`) runs the step on TensorFlow's sequential executor with one intra-op thread,
+Grappler off and the ops chained in that same order by control edges: TensorFlow's own order is a reverse
+post-order whose ties follow heap addresses, so it changes from process to process and the peak with it
+(keras_separable_cnn train at batch 32: 20.1 to 30.5 MB in 22 processes); pinned, the peak repeats.
 TensorFlow's default executor orders ready ops by their measured cost and runs up to ``parallel_iterations``
 iterations of a lowered while loop at once, so its peak moves with timing — least in feed-forward steps,
 most in recurrent training (keras_lstm train on one inter-op thread: 3.3 to 15.6 MB against 4.7 MB on the
-sequential executor); that spread is not modelled. Not modelled either: the temporaries of initializers other than
-the random ones (zeros, ones, orthogonal), and the order of the optimizer's slot creation.
+sequential executor); that spread is not modelled, nor are Grappler's rewrites. Not modelled either: the
+temporaries of initializers other than the random ones (zeros, ones, orthogonal), and the order of the
+optimizer's slot creation.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
@@ -593,6 +596,130 @@ def _reachable(graph: Any) -> set[str]:
     return seen
 
 
+_FUSED_PRODUCERS = frozenset({"Conv2D", "DepthwiseConv2dNative", "Conv3D", "MatMul", "Pad", "_FusedConv2D"})
+_FUSED_CONSUMERS = frozenset({"BiasAdd", "Conv2D", "DepthwiseConv2dNative", "_FusedConv2D"})
+_FUSED_FILTER_GRADS = frozenset({"Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter",
+                                 "Conv3DBackpropFilterV2", "MatMul"})
+"""Kernels oneDNN's graph rewrite (``MklLayoutRewritePass``, TensorFlow's default on x86) may merge into one:
+a convolution or matmul with the ``BiasAdd`` (or a ``Pad`` with the convolution) that alone consumes its
+output, and a filter gradient with the ``BiasAddGrad`` of the same incoming gradient. They run back to back
+here: a merged kernel with another op ordered between its halves would close a cycle."""
+
+
+def _fusion_groups(ops: list[Any]) -> list[int]:
+    """For each op, the index of the first op of the group it runs with (itself when alone)."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    head = list(range(len(ops)))
+
+    def find(i: int) -> int:
+        while head[i] != i:
+            i = head[i]
+        return i
+
+    def join(i: int, j: int) -> None:
+        a, b = find(i), find(j)
+        head[max(a, b)] = min(a, b)
+
+    for j, op in enumerate(ops):
+        if op.type in _FUSED_CONSUMERS and op.inputs:
+            producer = op.inputs[0].op
+            if producer.type in _FUSED_PRODUCERS and producer.name in index and \
+                    sum(len(t.consumers()) for t in producer.outputs) == 1:
+                join(index[producer.name], j)
+        if op.type == "BiasAddGrad" and op.inputs:
+            grad = op.inputs[0]
+            for sibling in grad.consumers():
+                if sibling.type in _FUSED_FILTER_GRADS and sibling.name in index and \
+                        any(t is grad for t in sibling.inputs):
+                    join(index[sibling.name], j)
+    return [find(i) for i in range(len(ops))]
+
+
+def _execution_order(graph: Any, kept: set[str]) -> list[Any]:
+    """The ops in ``kept`` in construction order, each moved after its inputs and control inputs, and the
+    halves of a kernel oneDNN may merge (:data:`_FUSED_PRODUCERS`) back to back.
+
+    Construction order is topological but for the few ops that get a control input afterwards (the function's
+    output ``Identity`` waits on the ``NoOp`` that groups its side effects): Kahn's sort over the groups of
+    :func:`_fusion_groups`, the earliest constructed ready group first. Groups that would close a cycle are
+    taken apart.
+    """
+    ops = [op for op in graph.get_operations() if op.name in kept]
+    for group_of in (_fusion_groups(ops), list(range(len(ops)))):
+        order = _kahn(ops, group_of)
+        if order is not None:
+            return order
+    raise TraceError(f"the graph of {graph.name!r} has a cycle")  # a graph TensorFlow traced has none
+
+
+def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
+    index = {op.name: i for i, op in enumerate(ops)}
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group_of):
+        members.setdefault(g, []).append(i)
+    users: dict[int, list[int]] = {g: [] for g in members}
+    waiting = dict.fromkeys(members, 0)
+    for i, op in enumerate(ops):
+        before = {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}
+        for name in before:
+            if name in index and group_of[index[name]] != group_of[i]:
+                users[group_of[index[name]]].append(group_of[i])
+                waiting[group_of[i]] += 1
+    ready = [g for g, w in waiting.items() if w == 0]
+    heapq.heapify(ready)
+    order: list[Any] = []
+    while ready:
+        g = heapq.heappop(ready)
+        order.extend(ops[i] for i in members[g])
+        for u in users[g]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    return order if len(order) == len(ops) else None
+
+
+_UNPINNED = frozenset({"Placeholder", "Const"})
+"""Ops the pinned schedule leaves out of its chain: a function's arguments and constants run before any kernel."""
+
+
+def _pin(graph: Any) -> None:
+    """Chain the ops of a traced function graph with control edges in :func:`_execution_order`.
+
+    The executor then has one order left. Without the chain TensorFlow's sequential executor runs a reverse
+    post-order whose ties follow the hash of ``Edge`` pointers (``EdgeSet`` is a pointer-keyed set past 8 edges),
+    so the order of independent kernels — the backward convolutions' input and filter gradients — changes with
+    the heap from process to process.
+    """
+    previous = None
+    for op in _execution_order(graph, _reachable(graph)):
+        if op.type in _UNPINNED:
+            continue
+        if previous is not None and previous not in op.control_inputs and \
+                all(t.op is not previous for t in op.inputs):
+            op._add_control_input(previous)  # the public API adds control edges only while an op is created
+        previous = op
+
+
+@contextmanager
+def _pinned_schedule() -> Iterator[None]:
+    """While inside, every function graph TensorFlow traces (the step's, its ``If`` branches and ``While`` bodies)
+    is chained by :func:`_pin` before it becomes a function."""
+    from tensorflow.python.framework import func_graph
+
+    original = func_graph.func_graph_from_py_func
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        graph = original(*args, **kwargs)
+        _pin(graph)
+        return graph
+
+    func_graph.func_graph_from_py_func = traced
+    try:
+        yield
+    finally:
+        func_graph.func_graph_from_py_func = original
+
+
 def _where(ops: list[Any], spans: _Spans) -> list[tuple[Phase, str]]:
     """Each op's phase and innermost layer, gradients named after the forward op they differentiate."""
     layer = [""] * len(ops)
@@ -719,10 +846,9 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     cf, spans = _concrete(step)
     graph = cf.graph
     every = graph.get_operations()
-    where_all = _where(every, spans)
-    kept = _reachable(graph)
-    ops = [op for op in every if op.name in kept]
-    where = [w for op, w in zip(every, where_all) if op.name in kept]
+    where_of = dict(zip((op.name for op in every), _where(every, spans)))
+    ops = _execution_order(graph, _reachable(graph))
+    where = [where_of[op.name] for op in ops]
     replay = _Replay(_functions_of(graph))
     replay.run(ops, {t.name for t in graph.inputs}, where, keep=[t.name for t in graph.outputs])
     cats = _categorize(replay, where, _gradient_blocks(ops, replay, where) if step.mode == "train" else set())
@@ -767,9 +893,8 @@ def _run(step: KerasStep, x: Any, y: Any) -> None:
 
 
 MEASURED_STEPS = 5
-"""Steps measured after the warm-up; the report takes their median peak. On the sequential executor most steps
-repeat to the byte; the BFC layout can still shift between steps (and differs between processes in conv
-training steps: keras_separable_cnn train 6.30 to 8.14 MB in 16 processes)."""
+"""Steps measured after the warm-up; the report takes their median peak. With the schedule pinned most steps
+repeat to the byte, in every process (keras_separable_cnn train at batch 32: 20,111,872 B in three processes)."""
 
 MEASURE_EXECUTOR = "SINGLE_THREADED_EXECUTOR"
 """The executor the truth runs the step's function on: TensorFlow's own sequential executor
@@ -834,14 +959,47 @@ def _owned_tensor(value: Any) -> Any:
     return tf.raw_ops.DeepCopy(x=tf.convert_to_tensor(value))
 
 
+def _first_step_pinned(step: KerasStep, x: Any, y: Any) -> bool:
+    """Trace the step's function afresh with its ops chained (:func:`_pinned_schedule`) and run it once.
+
+    Returns False where TensorFlow refused the chained graph (a kernel merge :data:`_FUSED_PRODUCERS` does
+    not know closed a cycle); the step then runs on the executor's own order.
+    """
+    def remake() -> None:
+        if step.mode == "train":
+            step.model.make_train_function(force=True)
+        else:
+            step.model.make_predict_function(force=True)
+
+    try:
+        with _pinned_schedule():
+            remake()
+            _run(step, x, y)
+        return True
+    except tf.errors.InvalidArgumentError as err:
+        if "cycle" not in str(err):
+            raise
+    remake()
+    _run(step, x, y)
+    return False
+
+
 def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
     """Run the real step on TensorFlow's sequential executor and report the BFC allocator's peak (bytes in use).
 
     Call in a fresh process that set ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow was imported and
-    called :func:`sequential_runtime` before TensorFlow ran its first op. The step's function runs on
-    :data:`MEASURE_EXECUTOR`, the schedule the estimate models; the data become tensors first (live before the
-    step, like the variables); 2 train steps (1 inference step) warm up the function and the allocator; then
-    each measured step runs between ``reset_memory_stats`` and a read of ``peak``.
+    called :func:`sequential_runtime` before TensorFlow ran its first op. The step's function is traced afresh
+    with its ops chained in the order the estimate replays (:func:`_pinned_schedule`), Grappler off (its
+    constant folding and dependency pruning would drop links of the chain; the estimate replays the graph as
+    traced), and runs on :data:`MEASURE_EXECUTOR` with oneDNN's kernels and graph rewrite as TensorFlow ships
+    them; the data become tensors first (live before the step, like the variables); 2 train steps (1 inference
+    step) warm up the function and the allocator; then each measured step runs between ``reset_memory_stats``
+    and a read of ``peak``.
+
+    Why pinned: left to itself the sequential executor runs a reverse post-order whose ties follow the hash of
+    ``Edge`` pointers, so the order of independent kernels changes with the heap from process to process, and
+    the peak with it — keras_separable_cnn train at batch 32: 20.1, 21.8, 22.2, 24.3, 24.5, 28.2, 29.5 and
+    30.5 MB in 22 processes on TensorFlow's own order (Grappler on), 20,111,872 B in every pinned one.
 
     Raises:
         MeasureError: the BFC allocator is not in use (its statistics read 0), or TensorFlow started with
@@ -872,26 +1030,39 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
     if _memory_info()["current"] <= 0:
         raise MeasureError("TensorFlow's CPU allocator keeps no statistics: set TF_CPU_ALLOCATOR_USE_BFC=true "
                            "in the environment before TensorFlow is imported")
-    with function_executor_type(MEASURE_EXECUTOR):
-        for _ in range(2 if step.mode == "train" else 1):
-            _run(step, x, y)
-        peaks, before = [], []
-        for _ in range(MEASURED_STEPS):
-            with no_gc():  # cyclic garbage of the step before collected, none collected during the step
-                tf.config.experimental.reset_memory_stats("CPU:0")
-                before.append(_memory_info()["current"])
+    grappler = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    try:
+        with function_executor_type(MEASURE_EXECUTOR):
+            pinned = _first_step_pinned(step, x, y)
+            if step.mode == "train":
                 _run(step, x, y)
-                peaks.append(_memory_info()["peak"])
+            peaks, before = [], []
+            for _ in range(MEASURED_STEPS):
+                with no_gc():  # cyclic garbage of the step before collected, none collected during the step
+                    tf.config.experimental.reset_memory_stats("CPU:0")
+                    before.append(_memory_info()["current"])
+                    _run(step, x, y)
+                    peaks.append(_memory_info()["peak"])
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False, **grappler})
     peak = int(sorted(peaks)[len(peaks) // 2])
     resident = int(sorted(before)[len(before) // 2])
-    notes = (f"allocator peak: TensorFlow BFC bytes in use on the sequential executor ({MEASURE_EXECUTOR}), median "
-             f"of {MEASURED_STEPS} steps ({', '.join(f'{p:,}' for p in peaks)} B); {resident:,} B in use before "
-             f"the step (estimated resident: {trace.resident_bytes:,} B)",
+    schedule = ("ops pinned to the graph's construction order, Grappler off" if pinned else
+                "TensorFlow refused the pinned order (a kernel merge closed a cycle): the executor's own order, "
+                "which can change from process to process")
+    notes = (f"allocator peak: TensorFlow BFC bytes in use on the sequential executor ({MEASURE_EXECUTOR}; "
+             f"{schedule}), median of {MEASURED_STEPS} steps ({', '.join(f'{p:,}' for p in peaks)} B); "
+             f"{resident:,} B in use before the step (estimated resident: {trace.resident_bytes:,} B)",
+             "a plain train_on_batch runs Grappler's rewrites and an op order that follows heap addresses: its "
+             "peak can differ from this one and between processes (keras_separable_cnn train at batch 32: "
+             "20.1 to 30.5 MB in 22 processes, 20.1 MB pinned)",
              "TensorFlow's default executor orders ready ops by their measured cost and runs while-loop "
              "iterations concurrently: its peak moves with timing, most in recurrent training steps "
              "(keras_lstm train: 3.3 to 15.6 MB against 4.7 MB here)")
     estimated = report_from_trace(trace, source="estimate", model=name, device="cpu").peak_bytes
     info = {**trace.meta, "method": "bfc_peak", "executor": MEASURE_EXECUTOR, "resident_measured": resident,
+            "schedule": "pinned" if pinned else "executor",
             "peak_min": min(peaks), "peak_max": max(peaks), "estimated_peak": estimated}
     trace = Trace(trace.framework, trace.mode, trace.blocks, trace.ops, trace.layers, info)
     return report_from_trace(trace, source="measure", model=name, device="cpu",
