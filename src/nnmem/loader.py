@@ -85,6 +85,10 @@ def _import_file(path: Path, path_text: str) -> Any:
         raise
     except Exception as err:
         raise ModelLoadError(f"importing {path_text} failed: {type(err).__name__}: {err}") from err
+    import cloudpickle
+
+    # The module's name exists in this process only: a measuring child gets its factories by value.
+    cloudpickle.register_pickle_by_value(module)
     return module
 
 

@@ -167,6 +167,22 @@ def test_measure_of_an_unregistered_subclassed_model_says_how_to_fix_it() -> Non
         nnmem.measure(model, np.zeros((4, 8), "float32"), target=np.zeros((4, 2), "float32"))
 
 
+def test_measure_of_a_model_file_builds_the_model_in_the_child(tmp_path: object) -> None:
+    """A ``file.py:factory`` spec: the file's module exists in this process only, so the factory travels by
+    value (it failed with ModuleNotFoundError in the child before)."""
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "user_model.py"
+    path.write_text("import keras\nimport numpy as np\n\ndef factory(batch):\n"
+                    "    m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)])\n"
+                    "    m.compile('sgd', 'mse')\n"
+                    "    return m, np.zeros((batch, 8), 'float32'), np.zeros((batch, 2), 'float32')\n")
+    measured = nnmem.measure(f"{path}:factory", mode="train", batch=4, timeout_s=240)
+    estimated = nnmem.estimate(f"{path}:factory", mode="train", batch=4)
+    assert measured.source == "measure" and measured.peak_bytes > 0
+    assert estimated.meta["batch"] == measured.meta["batch"] == 4
+
+
 def test_cli_needs_an_input_shape_when_the_model_declares_none(tmp_path: object) -> None:
     from pathlib import Path
 
