@@ -183,6 +183,17 @@ def test_measure_of_a_model_file_builds_the_model_in_the_child(tmp_path: object)
     assert estimated.meta["batch"] == measured.meta["batch"] == 4
 
 
+def test_inference_measure_of_an_untrained_compiled_model_holds_no_optimizer_state() -> None:
+    """Keras's pickling builds the optimizer; the child must not count Adam moments the caller's model lacks."""
+    model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024), keras.layers.Dense(8)])
+    model.compile(optimizer="adam", loss="mse")
+    x = np.zeros((4, 512), "float32")
+    params = 4 * model.count_params()  # 2.1 MB; Adam's two moments would add 4.2 MB
+    measured = nnmem.measure(model, x, mode="infer", timeout_s=240)
+    assert measured.peak_bytes < params + 2 * params // 2, measured.peak_bytes
+    assert model.optimizer.built is False  # the caller's model is untouched
+
+
 def test_cli_needs_an_input_shape_when_the_model_declares_none(tmp_path: object) -> None:
     from pathlib import Path
 
