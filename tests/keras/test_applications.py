@@ -41,6 +41,8 @@ def test_application_estimate_matches_measurement(name: str, mode: str) -> None:
     estimated = nnmem.estimate(model, x, target=y, mode=mode)
     measured = nnmem.measure(model, x, target=y, mode=mode, timeout_s=300)
     error = (estimated.peak_bytes - measured.peak_bytes) / measured.peak_bytes
+    print(f"\n{name} {mode} on {BACKEND}: estimated {estimated.peak_bytes:,} B, measured {measured.peak_bytes:,} B "
+          f"({error:+.2%})")  # pytest -s shows the figures
     assert abs(error) <= LIMIT, (f"{name} {mode} on {BACKEND}: estimated {estimated.peak_bytes:,} B, measured "
                                  f"{measured.peak_bytes:,} B ({error:+.1%})")
     assert estimated.parameter_count == model.count_params()
