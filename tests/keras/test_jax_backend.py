@@ -50,12 +50,12 @@ _MISSES = {  # beyond 10 %: what the estimate lacks
 }
 _NOISY = {  # within a few points of 10 %
     ("keras_separable_cnn", "infer"): "-9 % to -12 %: YNNPACK spreads its 128 KiB tiles over 2-4 blocks",
-    ("keras_partly_frozen", "train"): "+12 %: the backward convolutions' padded inputs are not all live at once",
+    ("keras_partly_frozen", "train"): "+12 % to +14 %: the backward convolutions' padded inputs are not all live "
+                                      "at once",
+    ("keras_separable_cnn", "train"): "-8 % to 0 %: the step's malloc rise takes two values (15.07 or 16.27 MB)",
     ("keras_partly_frozen", "infer"): "-5 % to +60 %: the step's malloc rise differs between processes (2,306,224 B "
                                       "in one, 1,372,224 and 1,372,240 B in two others); the estimate keeps both "
                                       "convolutions' padded inputs live together",
-    ("keras_subclassed", "train"): "-11 %: the Python side of train_on_batch (~30 KB) on a 0.8 MB step",
-    ("keras_subclassed", "infer"): "-17 %: the Python side of predict_on_batch (~35 KB) on a 0.2 MB step",
     ("keras_two_branch_cnn", "infer"): "-1 % to +15 %: the step's malloc rise takes two values (4.75 MB in some "
                                        "steps, 5.65-5.72 MB in others: 4,751,536 / 5,654,824 / 4,826,904 / "
                                        "5,716,912 B in one process), as the two branches' convolutions overlap "
@@ -84,7 +84,8 @@ def test_estimate_matches_real_step(name: str, mode: str) -> None:
     assert "malloc" in measured.meta["measure.method"]
     # The executable Keras cached is the one the estimate compiled.
     assert measured.meta["keras_executable.temp_bytes"] == estimate.meta["xla.temp_bytes"]
-    assert estimate.breakdown.get(Category.WORKSPACE.value, 0) == estimate.meta["xla.conv_workspace_bytes"]
+    assert estimate.breakdown.get(Category.WORKSPACE.value, 0) == (estimate.meta["xla.conv_workspace_bytes"]
+                                                                   + estimate.meta["xla.runtime_bookkeeping_bytes"])
     if (name, mode) == ("keras_two_branch_cnn", "infer"):  # the 5x5 Eigen convolution's im2col, in bytes
         assert estimate.meta["xla.max_conv_scratch_bytes"] == 8 * 32 * 32 * 5 * 5 * 3 * 4 + 74_184
     error = abs(estimate.peak_bytes - measured.peak_bytes) / measured.peak_bytes
@@ -129,3 +130,65 @@ def test_shape_mismatch_is_a_trace_error() -> None:
         step = prepare(model, x, np.zeros(8, "int32"), mode="infer")
         jax_backend.trace_step(step, meta={})
     assert "\n" not in str(info.value)
+
+
+def _bookkeeping_rise(k: int) -> list[tuple[int, int]]:
+    """(measured malloc rise, modelled bookkeeping + output buffers) of two jitted functions of k arrays: a
+    Keras-like step (k donated arrays updated in place, one data input, one scalar output) and k new outputs."""
+    import gc
+    from functools import partial
+
+    import jax
+    import jax.numpy as jnp
+
+    from nnmem.measure.mallocpeak import counters
+
+    counter = counters()
+    assert counter is not None, "the malloc counter is not preloaded"
+
+    @partial(jax.jit, donate_argnums=0)
+    def step(state, x):  # type: ignore[no-untyped-def]
+        return [a + x for a in state], jnp.sum(x)
+
+    fan_out = jax.jit(lambda x: [x * float(i + 2) for i in range(k)])
+    x = jnp.ones((16,))
+    out = []
+    for f, args, donate in ((step, ([jnp.ones((16,)) for _ in range(k)], x), True), (fan_out, (x,), False)):
+        compiled = f.lower(*args).compile()
+        stats = compiled.memory_analysis()
+        buffers = int(stats.output_size_in_bytes - stats.alias_size_in_bytes)
+        modelled = jax_backend._runtime_bookkeeping(compiled.as_text(), compiled.out_tree.num_leaves) + buffers
+        rises = []
+        for i in range(7):
+            gc.collect()
+            before = counter.current()
+            counter.reset_peak()
+            result = f(*args)
+            jax.block_until_ready(result)
+            if i >= 2:
+                rises.append(counter.peak() - before)
+            if donate:
+                args = (result[0], x)
+            del result
+        out.append((sorted(rises)[2], modelled))
+    return out
+
+
+@pytest.mark.accuracy
+def test_runtime_bookkeeping_matches_calls_it_was_not_fitted_on() -> None:
+    """The per-buffer cost of an execute call at k=24 (the fit used 4, 16 and 64): within 10 %."""
+    pairs = run_in_child(lambda: _bookkeeping_rise(24), timeout_s=120, preload=library(),
+                         env={"KERAS_BACKEND": "jax"})
+    for measured, modelled in pairs:
+        assert abs(modelled - measured) <= 0.10 * measured, pairs
+
+
+def test_runtime_bookkeeping_counts_parameters_outputs_and_aliases() -> None:
+    hlo = ("HloModule jit_step, input_output_alias={ {0}: (1, {}, may-alias), {1}: (0, {}, may-alias) }, x=y\n"
+           "ENTRY %main (p0: f32[4], p1: f32[4], p2: f32[8]) -> (f32[4], f32[4], f32[]) {\n"
+           "  %p0 = f32[4]{0} parameter(0)\n  %p1 = f32[4]{0} parameter(1)\n  %p2 = f32[8]{0} parameter(2)\n"
+           "  ROOT %t = (f32[4]{0}, f32[4]{0}, f32[]) tuple(%p1, %p0, %p2)\n}\n")
+    expected = (jax_backend._CALL_BASE + 2 * jax_backend._PER_ALIASED + jax_backend._PER_INPUT
+                + jax_backend._PER_OUTPUT)
+    assert jax_backend._runtime_bookkeeping(hlo, outputs=3) == expected
+
