@@ -159,10 +159,7 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
                Block(n + 1, new_outputs, Category.ACTIVATIONS, "", phase, 0, -1)]
     text = compiled.as_text()
     workspace, scratch = _fusion_workspace(text)
-    during, after = _runtime_bookkeeping(text, compiled.out_tree.num_leaves)
-    # the call peaks mid-execution (temporaries, scratch, the holds) or at its end (temporaries freed, every
-    # output wrapped): the op's transient covers whichever is higher
-    bookkeeping = max(during, after - temp - workspace)
+    bookkeeping = _runtime_bookkeeping(text, compiled.out_tree.num_leaves)
     ops = (Op(0, "xla.execute", phase, "", temp + new_outputs, temp, workspace + bookkeeping),)
     meta = {**meta, "jax": jax.__version__, "keras": keras.__version__,
             "xla.argument_bytes": int(stats.argument_size_in_bytes),
@@ -178,32 +175,32 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
 
 # --- The runtime's own allocations during an execute call ---------------------------------------------------
 # Calibrated with the malloc counter of ``measure_step`` on jitted functions of k float32[16] arrays (jax 0.10.2
-# CPU), median of 5 calls after 2 warm-ups, the output buffers subtracted. At the end of the call (trivial
-# compute: the call peaks when it wraps its outputs), least squares over three families:
+# CPU), median of 5 calls after 2 warm-ups, the output buffers subtracted; least squares over three families:
 #   A  jit(lambda s, x: ([a + x for a in s], sum(x)), donate_argnums=0): k aliased pairs, 1 input, 1 output
 #      k=4: 7,660 B, k=16: 24,100, k=64: 92,148 (fit: 7,805 / 24,644 / 92,003)
 #   B  jit(lambda s: sum(s)): k inputs, 1 output   k=4: 3,184, k=16: 8,904, k=64: 26,088 (3,340 / 7,934 / 26,311)
 #   C  jit(lambda x: [x * c for c in ...]): 1 input, k outputs
 #      k=4: 7,096, k=16: 27,032, k=64: 106,456 (7,157 / 27,017 / 106,457)
-# Mid-execution (the same families plus tanh(w @ w) @ w on a 512x512 w, whose ~1.33 MB rise peaks inside the call),
-# the slope from k=16 to k=64: 543 B per aliased pair, 447 B per input, 438 B per output beside its buffer — the
-# output wrappers come after the temporaries are freed. Not fitted, and over-predicted by 12-18 %: k non-donated
-# inputs each giving a new output (k=64: 110,512 B measured, 130,577 modelled) — a Keras step donates its state,
-# so its inputs and outputs are mostly aliased pairs.
+# Not fitted, and over-predicted by 12-18 %: k non-donated inputs each giving a new output (k=64: 110,512 B
+# measured, 130,577 modelled) — a Keras step donates its state, so its inputs and outputs are mostly aliased pairs.
+# Counted in full on top of the temporaries and scratch: with a 1.33 MB matmul chain peaking inside the call
+# the slope is lower (543 B per aliased pair, 438 B per output), but splitting the cost into a mid-execution
+# and an end-of-call share fitted the Keras zoo worse (keras_subclassed train -9.4 % against -1.8 %); the
+# full count over-estimates steps with a large state a little (keras.applications MobileNetV2 train on JAX:
+# +4.9 %, +2.5 % without the term).
 _CALL_BASE = 154
 """Bytes an execute call allocates whatever its arguments."""
-_PER_INPUT = (447, 383)
-"""Bytes per executable parameter that no output aliases (the data): (mid-execution, at the end)."""
-_PER_OUTPUT = (438, 1_655)
-"""Bytes per new output besides its buffer (the ``jax.Array`` and its PjRt buffer, events): (mid, end)."""
-_PER_ALIASED = (543, 1_403)
-"""Bytes per donated parameter whose buffer an output takes over (a variable of the step's state): (mid, end)."""
+_PER_INPUT = 383
+"""Bytes per executable parameter that no output aliases (the data)."""
+_PER_OUTPUT = 1_655
+"""Bytes per new output besides its buffer (the ``jax.Array`` and its PjRt buffer, events)."""
+_PER_ALIASED = 1_403
+"""Bytes per donated parameter whose buffer an output takes over (a variable of the step's state)."""
 _ALIAS_ENTRY = re.compile(r"\{[\d,\s]*\}:\s*\(\d+,")
 
 
-def _runtime_bookkeeping(hlo: str, outputs: int) -> tuple[int, int]:
-    """Bytes the JAX / PjRt runtime mallocs for its own bookkeeping in one execute call of ``hlo``: (while the
-    computation runs, when the call wraps its outputs).
+def _runtime_bookkeeping(hlo: str, outputs: int) -> int:
+    """Bytes the JAX / PjRt runtime mallocs for its own bookkeeping during one execute call of ``hlo``.
 
     A per-buffer cost (calibration above): each parameter, each new output and each donated parameter an output
     aliases. On small steps it is a visible share of the rise (keras_mlp inference: 7 parameters, 7 outputs).
@@ -224,10 +221,7 @@ def _runtime_bookkeeping(hlo: str, outputs: int) -> tuple[int, int]:
             if match and match.group(4) == "parameter":
                 params += 1
     aliased = min(aliased, params, outputs)
-    counts = (aliased, params - aliased, outputs - aliased)
-    during, after = ((_PER_ALIASED[i] * counts[0] + _PER_INPUT[i] * counts[1] + _PER_OUTPUT[i] * counts[2])
-                     for i in (0, 1))
-    return _CALL_BASE + during, _CALL_BASE + after
+    return _CALL_BASE + _PER_ALIASED * aliased + _PER_INPUT * (params - aliased) + _PER_OUTPUT * (outputs - aliased)
 
 
 def _resident_blocks(step: KerasStep) -> list[Block]:
