@@ -208,18 +208,8 @@ def _runtime_bookkeeping(hlo: str, outputs: int) -> int:
     header = hlo.split("\n", 1)[0]
     aliased = len(_ALIAS_ENTRY.findall(header.split("input_output_alias=", 1)[1])) if \
         "input_output_alias=" in header else 0
-    params = 0
-    in_entry = False
-    for line in hlo.splitlines():
-        if line.startswith("ENTRY "):
-            in_entry = True
-            continue
-        if in_entry:
-            if line.startswith("}"):
-                break
-            match = _INSTRUCTION.match(line)
-            if match and match.group(4) == "parameter":
-                params += 1
+    comps, entry = _computations(hlo)
+    params = sum(ins.opcode == "parameter" for ins in comps.get(entry, []))
     aliased = min(aliased, params, outputs)
     return _CALL_BASE + _PER_ALIASED * aliased + _PER_INPUT * (params - aliased) + _PER_OUTPUT * (outputs - aliased)
 
