@@ -167,6 +167,25 @@ def test_measure_of_an_unregistered_subclassed_model_says_how_to_fix_it() -> Non
         nnmem.measure(model, np.zeros((4, 8), "float32"), target=np.zeros((4, 2), "float32"))
 
 
+class _NeedsArgs(keras.Model):
+    def __init__(self, table: object) -> None:
+        super().__init__()
+        self.table = table
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x: object) -> object:
+        return self.dense(x)
+
+
+def test_measure_of_a_model_without_a_config_says_how_to_fix_it_in_one_line() -> None:
+    model = _NeedsArgs(object())  # Keras cannot write a config for a constructor argument like this
+    model(np.zeros((1, 8), "float32"))
+    model.compile("sgd", "mse")
+    with pytest.raises(nnmem.MeasureError, match="cannot be sent to the measuring child process") as info:
+        nnmem.measure(model, np.zeros((4, 8), "float32"), target=np.zeros((4, 2), "float32"))
+    assert "get_config()" in str(info.value) and "\n" not in str(info.value)
+
+
 def test_measure_of_a_model_file_builds_the_model_in_the_child(tmp_path: object) -> None:
     """A ``file.py:factory`` spec: the file's module exists in this process only, so the factory travels by
     value (it failed with ModuleNotFoundError in the child before)."""

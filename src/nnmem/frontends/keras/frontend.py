@@ -121,6 +121,12 @@ def measure_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn
                                          env={"KERAS_BACKEND": backend}))
 
 
+def _first_line(err: BaseException) -> str:
+    """The first line of an exception's message (up to 200 characters), or its type's name when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
 def _model_payload(model: Any) -> bytes:
     """The model's config, the classes it needs and whether its optimizer has state, pickled for the child."""
     import cloudpickle
@@ -129,10 +135,9 @@ def _model_payload(model: Any) -> bytes:
         config = keras.saving.serialize_keras_object(model)
         payload = cloudpickle.dumps((config, _custom_objects(model), _optimizer_built(model)))
     except Exception as err:
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise MeasureError(f"the Keras model cannot be sent to the measuring child process ({first}): give custom "
-                           "layers and models a get_config() (keras.saving.register_keras_serializable), or "
-                           "measure a MODEL spec 'file.py:factory'") from err
+        raise MeasureError(f"the Keras model cannot be sent to the measuring child process ({_first_line(err)}): "
+                           "give custom layers and models a get_config() (keras.saving.register_keras_serializable), "
+                           "or measure a MODEL spec 'file.py:factory'") from err
     return payload  # type: ignore[no-any-return]
 
 
@@ -170,8 +175,8 @@ def model_from_payload(payload: bytes) -> Any:
                 else:  # a custom compile: Keras's own loading calls it the same way (or warns)
                     model.compile_from_config(compile_config)
     except Exception as err:
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise MeasureError(f"the measuring child process cannot rebuild the Keras model from its config ({first}): "
+        raise MeasureError("the measuring child process cannot rebuild the Keras model from its config "
+                           f"({_first_line(err)}): "
                            "register custom classes with keras.saving.register_keras_serializable and give them "
                            "a get_config(), or measure a MODEL spec 'file.py:factory'") from err
     if optimizer_built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
