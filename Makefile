@@ -22,12 +22,12 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/nnmem estimate mlp --batch 32 --optimizer adam
 
-# Keras fixes its backend at import: tests/keras runs once per backend, each in its own process.
+# Keras fixes its backend at import: tests/frontends/keras runs once per backend, each in its own process.
 test: setup
 	$(BIN)/python -m pytest -q
-	KERAS_BACKEND=torch $(BIN)/python -m pytest -q -p no:cacheprovider tests/keras
-	KERAS_BACKEND=jax $(BIN)/python -m pytest -q -p no:cacheprovider tests/keras
-	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -q -p no:cacheprovider tests/keras
+	KERAS_BACKEND=torch $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
+	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
 
 accuracy: setup
 	$(BIN)/python benchmarks/accuracy.py

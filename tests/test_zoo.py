@@ -29,7 +29,7 @@ def test_registry_is_consistent() -> None:
         module = "nnmem.zoo.keras_models:" if name in zoo.KERAS else "nnmem.zoo.torch_models:"
         assert zoo.BUILTIN[name].startswith(module)
         assert zoo.describe(name) and "\n" not in zoo.describe(name)
-        if name not in zoo.KERAS:  # importing Keras fixes its backend; the Keras zoo is tested in tests/keras
+        if name not in zoo.KERAS:  # importing Keras fixes its backend; the Keras zoo is tested in tests/frontends/keras
             assert callable(zoo.resolve(name))
     assert zoo.DEFAULT_BATCH > 0
 

@@ -8,9 +8,6 @@ Example:
 
 from __future__ import annotations
 
-# Load the nnmem.measure package before binding the measure() function: importing a submodule later
-# (nnmem.measure.child) would otherwise rebind the attribute nnmem.measure to the package.
-import nnmem.measure as _measure_package  # noqa: F401  (isort: skip)
 from nnmem.api import estimate, measure
 from nnmem.devices import Device, get_device, list_devices
 from nnmem.errors import (

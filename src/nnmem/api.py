@@ -204,7 +204,7 @@ def _measure_once(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn
                   name: str) -> Report:
     """One real step in one fresh child process (arguments checked, a ``.keras`` file loaded, by :func:`measure`)."""
     from nnmem.loader import Built
-    from nnmem.measure.child import run_in_child
+    from nnmem.runner.child import run_in_child
 
     factory = _keras_factory(model) if isinstance(model, str) else None
     if factory is not None or _is_keras(model):

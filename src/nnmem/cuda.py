@@ -2,7 +2,7 @@
 
 Framework-neutral: it reads a ``Trace`` (blocks with the op that allocated and the op that freed each) and
 turns it into the ordered allocation sequence the CUDA caching allocator would see, then replays it with
-:func:`nnmem.allocators.simulate_cuda_caching`. Not validated on a GPU yet: the trace comes from the CPU's
+:func:`nnmem.allocators.cuda_caching.simulate_cuda_caching`. Not validated on a GPU yet: the trace comes from the CPU's
 kernels under fake tensors (CUDA kernels may choose other algorithms and workspaces), the CPU kernel-scratch
 rules are left out (they describe oneDNN, not cuDNN), and the cache is empty at the start of the step
 except for the blocks live before it (in a real steady state earlier steps may leave cached segments).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from nnmem.allocators import AllocEvent, cublas_workspace_bytes, simulate_cuda_caching
+from nnmem.allocators.cuda_caching import AllocEvent, cublas_workspace_bytes, simulate_cuda_caching
 from nnmem.errors import UnsupportedError
 from nnmem.trace import Level, Trace
 

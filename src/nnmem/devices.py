@@ -11,7 +11,7 @@ allocator: the CUDA context with its module images plus cuBLAS and cuDNN handles
 way as ``nvidia-smi`` used minus ``torch.cuda.memory_reserved()`` after a first matmul and conv, CUDA 12
 with lazy module loading). It grows with newer architectures (more kernels per image): about 300 MiB on
 Volta/Turing, 400 MiB on Ampere/Ada, 500 MiB on Hopper, 600 MiB on Blackwell. The cuBLAS workspace is
-*not* included: it comes from the caching allocator (see ``nnmem.allocators.cublas_workspace_bytes``).
+*not* included: it comes from the caching allocator (see ``nnmem.allocators.cuda_caching.cublas_workspace_bytes``).
 """
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ class _PeakProbe:
         if backend == "torch":
             from torch.profiler import ProfilerActivity, profile
 
-            from nnmem.frontends.keras.torch_backend import live_variable_bytes
+            from nnmem.frontends.keras.torch.trace import live_variable_bytes
 
             prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             resident = live_variable_bytes(model)
@@ -301,7 +301,7 @@ class _PeakProbe:
 
             return int(tf.config.experimental.get_memory_info("CPU:0")["peak"]), "TensorFlow BFC allocator peak"
         if self.kind == "torch":
-            from nnmem.measure.torch_run import allocator_rise
+            from nnmem.frontends.pytorch.measure import allocator_rise
 
             prof, resident = self.state
             prof.__exit__(None, None, None)

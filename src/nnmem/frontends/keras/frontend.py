@@ -21,7 +21,7 @@ from nnmem.trace import Trace
 
 __all__ = ["is_keras_model", "estimate_keras", "measure_keras", "tracer", "backend_module", "from_factory"]
 
-_MODULES = {"torch": "torch_backend", "jax": "jax_backend", "tensorflow": "tf_backend"}
+_MODULES = {"torch": "torch.trace", "jax": "jax.trace", "tensorflow": "tensorflow.trace"}
 
 
 def backend_module(name: str | None = None) -> Any:
@@ -86,7 +86,7 @@ def measure_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn
     keras.applications MobileNetV2 inference measured 17 % low). Custom layers need a ``get_config`` when their
     constructor takes more than plain values; or give a factory (a MODEL spec), which the child calls itself.
     """
-    from nnmem.measure.child import run_in_child
+    from nnmem.runner.child import run_in_child
 
     _check_device(device)
     backend = str(keras.backend.backend())
@@ -114,7 +114,7 @@ def measure_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn
 
     preload = None
     if backend == "jax":  # the exact malloc peak needs the counting library loaded at the child's start
-        from nnmem.measure.mallocpeak import library
+        from nnmem.runner.mallocpeak import library
 
         preload = library()
     return Report.from_dict(run_in_child(work, timeout_s=timeout_s, preload=preload,

@@ -95,7 +95,7 @@ _CUBLAS_OPS = frozenset(str(op) for op in (
 
 def measure_torch(built: Built, *, mode: str, optimizer: Any, device: str, name: str, batch: int | None) -> Report:
     """Run the step for real (call in a child process)."""
-    from nnmem.measure.torch_run import measure_step
+    from nnmem.frontends.pytorch.measure import measure_step
 
     meta: dict[str, object] = {"optimizer": optimizer_name(optimizer) if mode == "train" else "",
                                "batch": batch or _batch_of(built.inputs), "torch": torch.__version__}

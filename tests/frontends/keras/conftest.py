@@ -1,4 +1,4 @@
-"""Keras tests run once per backend, each in its own process: ``KERAS_BACKEND=<name> pytest tests/keras``.
+"""Keras tests run once per backend, each in its own process: ``KERAS_BACKEND=<name> pytest tests/frontends/keras``.
 
 Keras fixes its backend at import, so a plain ``pytest`` (no KERAS_BACKEND) collects nothing here;
 ``make test`` runs this folder three times, for torch, jax and tensorflow.

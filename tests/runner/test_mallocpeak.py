@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nnmem.measure.child import run_in_child
-from nnmem.measure.mallocpeak import counters, library
+from nnmem.runner.child import run_in_child
+from nnmem.runner.mallocpeak import counters, library
 
 pytestmark = pytest.mark.skipif(library() is None, reason="needs a C compiler on glibc Linux")
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(library() is None, reason="needs a C compiler on
 def _probe() -> tuple[int, int, int, int]:
     import ctypes
 
-    from nnmem.measure.mallocpeak import counters as child_counters
+    from nnmem.runner.mallocpeak import counters as child_counters
 
     c = child_counters()
     assert c is not None, "the counter library is not loaded in the child"

@@ -15,8 +15,8 @@ import torch
 
 import nnmem
 from nnmem.errors import ConfigError, TraceError
-from nnmem.frontends.keras import torch_backend
 from nnmem.frontends.keras.common import prepare
+from nnmem.frontends.keras.torch import trace as torch_backend
 from nnmem.report.model import report_from_trace
 from nnmem.zoo.keras_models import FACTORIES
 

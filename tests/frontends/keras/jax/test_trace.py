@@ -12,11 +12,11 @@ if os.environ.get("KERAS_BACKEND") != "jax":
 import numpy as np
 
 from nnmem.errors import TraceError
-from nnmem.frontends.keras import jax_backend
 from nnmem.frontends.keras.common import array_nbytes, prepare, resident_variables
-from nnmem.measure.child import run_in_child
-from nnmem.measure.mallocpeak import library
+from nnmem.frontends.keras.jax import trace as jax_backend
 from nnmem.report.model import Report, report_from_trace
+from nnmem.runner.child import run_in_child
+from nnmem.runner.mallocpeak import library
 from nnmem.trace import Category
 from nnmem.zoo.keras_models import FACTORIES
 
@@ -141,7 +141,7 @@ def _bookkeeping_rise(k: int) -> list[tuple[int, int]]:
     import jax
     import jax.numpy as jnp
 
-    from nnmem.measure.mallocpeak import counters
+    from nnmem.runner.mallocpeak import counters
 
     counter = counters()
     assert counter is not None, "the malloc counter is not preloaded"

@@ -44,7 +44,7 @@ def _child(conn: Any, payload: bytes) -> None:
 def _context() -> Any:
     ctx = mp.get_context("forkserver")
     # Must be set before the server starts (the first child); later calls only repeat it.
-    preload = ["torch", "nnmem.measure.torch_run"] if importlib.util.find_spec("torch") else []
+    preload = ["torch"] if importlib.util.find_spec("torch") else []
     ctx.set_forkserver_preload(preload)
     return ctx
 
@@ -98,7 +98,7 @@ def run_in_child(fn: Callable[[], Any], *, timeout_s: float | None = None, prelo
         fn: the work; closures over models work (it is sent with cloudpickle).
         timeout_s: seconds to wait before the child is killed; None waits for ever.
         preload: a shared library the child loads at start (``LD_PRELOAD``), e.g. the malloc counter of
-            :mod:`nnmem.measure.mallocpeak`; such a child is a fresh interpreter ("spawn"), not a fork of
+            :mod:`nnmem.runner.mallocpeak`; such a child is a fresh interpreter ("spawn"), not a fork of
             the fork server.
         env: environment variables a preloaded child starts with (it imports modules, e.g. Keras, while
             the work is unpickled, before ``fn`` runs).

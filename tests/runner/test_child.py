@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nnmem.errors import MeasureError  # noqa: E402
-from nnmem.measure.child import run_in_child  # noqa: E402
+from nnmem.runner.child import run_in_child  # noqa: E402
 
 
 def test_child_runs_after_the_caller_used_openmp() -> None:

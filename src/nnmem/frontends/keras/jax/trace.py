@@ -14,7 +14,7 @@ the real Keras state structures.
 
 Measurement (truth on CPU). ``jax.devices()[0].memory_stats()`` is ``None`` on CPU in jax 0.10, and
 XLA:CPU and YNNPACK take their buffers straight from glibc ``malloc``. The measuring child is started with
-:mod:`nnmem.measure.mallocpeak` preloaded, which counts every malloc and free of the process; the measured
+:mod:`nnmem.runner.mallocpeak` preloaded, which counts every malloc and free of the process; the measured
 peak is the bytes of the live JAX arrays before the step (the variables, and the data, put on the device
 first) plus the step's rise of the malloc high-water mark, median of five steps after the warm-up (the real
 ``train_on_batch`` / ``predict_on_batch`` with the executable Keras compiled). It sees what XLA's buffer
@@ -442,7 +442,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
     """Run the real Keras step (call it inside a child process) and report its measured peak.
 
     The peak is the bytes of the live JAX arrays before the step (the variables and the data) plus the step's
-    rise of the malloc high-water mark, when the process was started with :mod:`nnmem.measure.mallocpeak` preloaded
+    rise of the malloc high-water mark, when the process was started with :mod:`nnmem.runner.mallocpeak` preloaded
     (median of :data:`MEASURED_STEPS`); otherwise the rise of the resident-set high-water mark (min of 3, see
     the module docstring), which misses memory malloc reuses from pages already resident.
 
@@ -451,7 +451,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
         name: the model's display name.
         meta: facts for the report.
     """
-    from nnmem.measure.mallocpeak import counters
+    from nnmem.runner.mallocpeak import counters
 
     model = step.model
     # The data go to the device first, live before the step like the variables (as the estimate counts them):

@@ -15,9 +15,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from nnmem.errors import MeasureError, TraceError  # noqa: E402
-from nnmem.frontends.keras import tf_backend  # noqa: E402
 from nnmem.frontends.keras.common import prepare, resident_variables  # noqa: E402
-from nnmem.measure.child import run_in_child  # noqa: E402
+from nnmem.frontends.keras.tensorflow import trace as tf_backend  # noqa: E402
+from nnmem.runner.child import run_in_child  # noqa: E402
 from nnmem.trace import Category, Phase  # noqa: E402
 from nnmem.zoo.keras_models import FACTORIES  # noqa: E402
 
@@ -86,7 +86,7 @@ def test_measure_refuses_a_pool_too_small_for_nested_calls() -> None:
         import tensorflow as tf_child
 
         from nnmem.errors import MeasureError as Refused
-        from nnmem.frontends.keras import tf_backend as backend
+        from nnmem.frontends.keras.tensorflow import trace as backend
 
         tf_child.config.threading.set_inter_op_parallelism_threads(1)
         tf_child.config.threading.set_intra_op_parallelism_threads(1)

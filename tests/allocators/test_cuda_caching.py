@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nnmem.allocators import (
+from nnmem.allocators.cuda_caching import (
     AllocatorPeaks,
     AllocEvent,
     CudaCachingAllocator,

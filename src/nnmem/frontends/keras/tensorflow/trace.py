@@ -1017,13 +1017,14 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
     if intra != MEASURE_INTRA_OP_THREADS:
         raise MeasureError(f"expected TensorFlow to run {MEASURE_INTRA_OP_THREADS} intra-op thread (kernels allocate "
                            f"in one fixed order), it runs {intra or 'the default number of'}: call "
-                           "nnmem.frontends.keras.tf_backend.sequential_runtime() before TensorFlow runs its first "
+                           "nnmem.frontends.keras.tensorflow.trace.sequential_runtime() before TensorFlow runs its "
+                           "first "
                            "op (building the model runs ops)")
     threads = _inter_op_threads()
     if threads is not None and threads <= depth:
         raise MeasureError(f"the step nests function calls {depth} deep (tf.cond, while loops, ...) and the "
                            f"sequential executor holds an inter-op thread per level, but TensorFlow runs {threads}: "
-                           "call nnmem.frontends.keras.tf_backend.sequential_runtime() before TensorFlow runs "
+                           "call nnmem.frontends.keras.tensorflow.trace.sequential_runtime() before TensorFlow runs "
                            "its first op (building the model runs ops)")
     x = keras.tree.map_structure(_owned_tensor, step.x)
     y = keras.tree.map_structure(_owned_tensor, step.y) if step.y is not None else None

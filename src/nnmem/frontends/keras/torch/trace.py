@@ -28,8 +28,8 @@ import torch
 
 from nnmem.errors import TraceError
 from nnmem.frontends.keras.common import KerasStep, flat_arrays, layer_infos, no_gc, resident_variables
+from nnmem.frontends.pytorch.measure import _quiet_stderr, allocator_rise, storage_bytes
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
-from nnmem.measure.torch_run import _quiet_stderr, allocator_rise, storage_bytes
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Category, Phase, Trace
 

@@ -14,7 +14,7 @@ from torch import nn
 from nnmem.frontends.pytorch.workspace import RULES, lstm_workspace_bytes
 
 _spec = importlib.util.spec_from_file_location(
-    "calibrate_workspace", Path(__file__).resolve().parents[1] / "benchmarks" / "calibrate_workspace.py")
+    "calibrate_workspace", Path(__file__).resolve().parents[3] / "benchmarks" / "calibrate_workspace.py")
 assert _spec is not None and _spec.loader is not None
 calibrate = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = calibrate
