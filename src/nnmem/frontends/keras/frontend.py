@@ -21,15 +21,16 @@ from nnmem.trace import Trace
 
 __all__ = ["is_keras_model", "estimate_keras", "measure_keras", "tracer", "backend_module", "from_factory"]
 
-_MODULES = {"torch": "torch.trace", "jax": "jax.trace", "tensorflow": "tensorflow.trace"}
+BACKENDS = ("torch", "jax", "tensorflow")
 
 
-def backend_module(name: str | None = None) -> Any:
-    """The nnmem module that traces and measures Keras steps on a backend (this process's by default)."""
+def backend_module(part: str, name: str | None = None) -> Any:
+    """A backend's ``trace`` module (``trace_step``) or ``measure`` module (``measure_step``), on this
+    process's Keras backend by default."""
     name = name or str(keras.backend.backend())
-    if name not in _MODULES:
+    if name not in BACKENDS:
         raise UnsupportedError(f"the Keras backend {name!r} is not supported: use torch, jax or tensorflow")
-    return importlib.import_module(f"nnmem.frontends.keras.{_MODULES[name]}")
+    return importlib.import_module(f"nnmem.frontends.keras.{name}.{part}")
 
 
 def _unpack(inputs: Any) -> Any:
@@ -59,7 +60,7 @@ def estimate_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_f
     """Estimate a Keras ``train_on_batch`` / ``predict_on_batch`` step on this process's backend."""
     _check_device(device)
     step = prepare(model, _unpack(inputs), target, mode=mode, optimizer=optimizer, loss=loss_fn)
-    trace = backend_module().trace_step(step, meta=_meta(step, batch))
+    trace = backend_module("trace").trace_step(step, meta=_meta(step, batch))
     if trace.meta.get("while_loops"):
         notes = (*notes, "sequential schedule: TensorFlow's default executor runs while-loop iterations "
                          "concurrently and orders ops by their measured cost, so this step can peak above the "
@@ -99,7 +100,7 @@ def measure_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn
         from nnmem.frontends.keras import frontend as here
 
         if backend == "tensorflow":  # the sequential executor's inter-op pool, set before TF starts
-            here.backend_module(backend).sequential_runtime()
+            here.backend_module("measure", backend).sequential_runtime()
 
         if factory is not None:
             m, x, y, loss = here.from_factory(factory, batch or 1)
@@ -110,7 +111,8 @@ def measure_keras(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn
             assert payload is not None
             m, x, y, lf = here.model_from_payload(payload), _unpack(inputs), target, loss_fn
         step = here.prepare(m, x, y, mode=mode, optimizer=optimizer, loss=lf)
-        return here.backend_module(backend).measure_step(step, name=name, meta=here._meta(step, batch)).to_dict()
+        measured = here.backend_module("measure", backend).measure_step(step, name=name, meta=here._meta(step, batch))
+        return measured.to_dict()
 
     preload = None
     if backend == "jax":  # the exact malloc peak needs the counting library loaded at the child's start
@@ -218,7 +220,7 @@ def tracer(model: Any, inputs: Any, *, spec: str | None, input_shape: Any, mode:
 
     def trace_at(b: int) -> Trace:
         step = prepare(model, rebatch(x, b), rebatch(target, b), mode=mode, optimizer=optimizer, loss=loss_fn)
-        return backend_module().trace_step(step, meta={**_meta(step, b), "batch": b})  # type: ignore[no-any-return]
+        return backend_module("trace").trace_step(step, meta={**_meta(step, b), "batch": b})  # type: ignore[no-any-return]
 
     return trace_at
 
