@@ -1,4 +1,4 @@
-"""What every Keras backend shares: the optimizer names, preparing a model for a step, its variables.
+"""What every Keras backend shares: building the optimizer, preparing a model for a step, its variables.
 
 A Keras step is ``model.train_on_batch(x, y)`` with the model's compiled optimizer and loss (or the ones
 given), or ``model.predict_on_batch(x)``. Steady state means the model is built, the optimizer has built
@@ -18,28 +18,12 @@ from typing import Any
 import keras
 import numpy as np
 
+from nnmem import optimizers
 from nnmem.errors import ConfigError, TraceError
 from nnmem.trace import Category, LayerInfo
 
-__all__ = ["OPTIMIZERS", "KerasStep", "backend_name", "is_keras_model", "layer_infos", "make_optimizer", "no_gc",
+__all__ = ["KerasStep", "backend_name", "is_keras_model", "layer_infos", "make_optimizer", "no_gc",
            "optimizer_label", "prepare", "resident_variables", "variable_nbytes", "array_nbytes", "flat_arrays"]
-
-OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "sgd": ("SGD", {}),
-    "momentum": ("SGD", {"momentum": 0.9}),
-    "adam": ("Adam", {}),
-    "adamw": ("AdamW", {}),
-    "rmsprop": ("RMSprop", {}),
-    "adagrad": ("Adagrad", {}),
-    "adadelta": ("Adadelta", {}),
-    "adamax": ("Adamax", {}),
-    "nadam": ("Nadam", {}),
-    "lion": ("Lion", {}),
-    "ftrl": ("Ftrl", {}),
-    "adafactor": ("Adafactor", {}),
-}
-"""nnmem's optimizer names → Keras optimizer class name and arguments (Keras defaults otherwise)."""
-
 
 def backend_name() -> str:
     """The Keras backend in this process: "torch", "jax" or "tensorflow"."""
@@ -51,34 +35,32 @@ def is_keras_model(model: Any) -> bool:
 
 
 def make_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
-    """A Keras optimizer for a name, a Keras optimizer class or instance."""
+    """A Keras optimizer for a name (class and arguments from ``nnmem.optimizers``), a class or an instance."""
     if isinstance(optimizer, keras.optimizers.Optimizer):
         return optimizer
     if isinstance(optimizer, str):
-        key = optimizer.lower()
-        if key not in OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {optimizer!r}: expected one of {', '.join(OPTIMIZERS)} "
-                              "or a keras.optimizers.Optimizer")
-        cls_name, kwargs = OPTIMIZERS[key]
-        return getattr(keras.optimizers, cls_name)(**kwargs)
+        build = optimizers.get(optimizer, "keras").build("keras")
+        return getattr(keras.optimizers, build.class_name)(**build.kwargs)
     if isinstance(optimizer, type) and issubclass(optimizer, keras.optimizers.Optimizer):
         return optimizer()
-    raise ConfigError(f"expected an optimizer name ({', '.join(OPTIMIZERS)}) or a keras.optimizers.Optimizer. "
-                      f"Received: {optimizer!r}")
+    raise ConfigError(f"expected an optimizer name ({', '.join(optimizers.names('keras'))}) or a "
+                      f"keras.optimizers.Optimizer. Received: {optimizer!r}")
 
 
 def optimizer_label(model: keras.Model) -> str:
-    """Display name of the compiled optimizer, e.g. "adam" or "LossScaleOptimizer(adam)"."""
+    """Display name of the compiled optimizer, e.g. "adam" or "LossScaleOptimizer(adam)".
+
+    A registry optimizer is shown by its ``nnmem.optimizers`` name (an SGD with momentum is "momentum"),
+    any other by its lower-cased class name.
+    """
     opt = getattr(model, "optimizer", None)
     if opt is None:
         return ""
     inner = getattr(opt, "inner_optimizer", None)
     if inner is not None:
         return f"LossScaleOptimizer({type(inner).__name__.lower()})"
-    name = type(opt).__name__.lower()
-    if name == "sgd" and float(getattr(opt, "momentum", 0.0) or 0.0) > 0:
-        return "momentum"
-    return name
+    spec = optimizers.find("keras", type(opt).__name__, lambda key: getattr(opt, key, None))
+    return spec.name if spec is not None else type(opt).__name__.lower()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,24 +12,15 @@ from typing import Any
 
 import torch
 
+from nnmem import optimizers
 from nnmem.errors import ConfigError, TraceError
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
 from nnmem.trace import Category, LayerInfo, Phase, Trace
 
 __all__ = [
-    "OPTIMIZER_NAMES", "default_loss", "fake_copy", "layer_infos", "make_optimizer", "optimizer_name",
+    "default_loss", "fake_copy", "layer_infos", "make_optimizer", "optimizer_name",
     "prepare_step", "run_step", "trace_fake_step", "trace_prepared",
 ]
-
-_OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
-    "sgd": (torch.optim.SGD, {"lr": 1e-3}),
-    "momentum": (torch.optim.SGD, {"lr": 1e-3, "momentum": 0.9}),
-    "adam": (torch.optim.Adam, {"lr": 1e-3}),
-    "adamw": (torch.optim.AdamW, {"lr": 1e-3}),
-    "rmsprop": (torch.optim.RMSprop, {"lr": 1e-3}),
-    "adagrad": (torch.optim.Adagrad, {"lr": 1e-3}),
-}
-OPTIMIZER_NAMES = tuple(_OPTIMIZERS)
 
 
 def optimizer_name(optimizer: Any) -> str:
@@ -38,23 +29,21 @@ def optimizer_name(optimizer: Any) -> str:
 
 
 def make_optimizer(optimizer: Any, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """Build the optimizer a name or class stands for, with torch's defaults (lr 1e-3)."""
+    """Build the optimizer a name (class and arguments from ``nnmem.optimizers``) or a class stands for.
+
+    A class gets ``lr=nnmem.optimizers.TORCH_LR`` when it takes one, its own defaults otherwise.
+    """
     if isinstance(optimizer, str):
-        key = optimizer.lower()
-        if key not in _OPTIMIZERS:
-            raise ConfigError(
-                f"unknown optimizer {optimizer!r}: expected one of {', '.join(OPTIMIZER_NAMES)} "
-                "or a torch.optim.Optimizer subclass"
-            )
-        cls, kwargs = _OPTIMIZERS[key]
-        return cls(params, **kwargs)
+        build = optimizers.get(optimizer, "torch").build("torch")
+        cls = getattr(torch.optim, build.class_name)
+        return cls(params, **build.kwargs)
     if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
         try:
-            return optimizer(params, lr=1e-3)  # type: ignore[call-arg]
+            return optimizer(params, lr=optimizers.TORCH_LR)  # type: ignore[call-arg]
         except TypeError:
             return optimizer(params)  # type: ignore[call-arg]
     raise ConfigError(
-        f"expected an optimizer name ({', '.join(OPTIMIZER_NAMES)}) or a torch.optim.Optimizer subclass. "
+        f"expected an optimizer name ({', '.join(optimizers.names('torch'))}) or a torch.optim.Optimizer subclass. "
         f"Received: {optimizer!r}"
     )
 
