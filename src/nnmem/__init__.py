@@ -8,7 +8,8 @@ Example:
 
 from __future__ import annotations
 
-from nnmem.api import estimate, measure
+from nnmem._api import estimate, measure
+from nnmem._fit import batch_curve, explain, fit, max_batch
 from nnmem.devices import Device, get_device, list_devices
 from nnmem.errors import (
     BudgetError,
@@ -20,12 +21,11 @@ from nnmem.errors import (
     TraceError,
     UnsupportedError,
 )
-from nnmem.fit import batch_curve, explain, max_batch, resolve_budget
 from nnmem.report.compare import Comparison, compare
 from nnmem.report.model import LayerRow, Report, TimelinePoint
 from nnmem.trace import Category, Level, Phase
 from nnmem.units import format_bytes, parse_size
-from nnmem.whatif.batch import BatchCurve, FitResult
+from nnmem.whatif.batch import BatchCurve, FitResult, Fits
 from nnmem.whatif.explain import Explanation, ModeFigures
 
 __version__ = "0.1.0"
@@ -39,6 +39,7 @@ __all__ = [
     "Device",
     "Explanation",
     "FitResult",
+    "Fits",
     "LayerRow",
     "Level",
     "MeasureError",
@@ -55,11 +56,11 @@ __all__ = [
     "compare",
     "estimate",
     "explain",
+    "fit",
     "format_bytes",
     "get_device",
     "list_devices",
     "max_batch",
     "measure",
     "parse_size",
-    "resolve_budget",
 ]

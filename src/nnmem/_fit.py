@@ -1,4 +1,4 @@
-"""Public batch-size analyses: batch_curve, max_batch, explain."""
+"""The public batch-size analyses: batch_curve, max_batch, fit (both modes) and explain. Imports no framework."""
 
 from __future__ import annotations
 
@@ -6,26 +6,24 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from nnmem.api import _check, _dispatch, _is_keras, _keras_factory, _keras_frontend, _load_keras_file, _torch_frontend
-from nnmem.errors import ConfigError
+from nnmem._api import step_request
+from nnmem.errors import ConfigError, UnsupportedError
+from nnmem.frontends.base import Frontend, StepRequest, resolve
 from nnmem.report.model import report_from_trace
 from nnmem.trace import Trace
 from nnmem.units import parse_size
-from nnmem.whatif.batch import BatchCurve, FitResult, fit_curve, search_max_batch
+from nnmem.whatif.batch import BatchCurve, FitResult, Fits, fit_curve, search_max_batch
 from nnmem.whatif.explain import Explanation, mode_figures
 
-__all__ = ["batch_curve", "max_batch", "explain", "resolve_budget"]
+__all__ = ["batch_curve", "max_batch", "fit", "explain"]
 
 CURVE_BATCHES = (2, 4)
+Progress = Callable[[str], None]
 
 
-def resolve_budget(budget: Any, device: str) -> tuple[int, str]:
-    """The budget in bytes and the level that decides an OOM on ``device``.
-
-    Args:
-        budget: bytes (int) or a size text ("16GiB"); None takes the device's usable memory.
-        device: "cpu" or a catalog name.
-    """
+def _budget(budget: Any, device: str) -> tuple[int, str]:
+    """The budget in bytes and the level that decides an OOM on ``device`` (budget None: the device's usable
+    memory)."""
     from nnmem.cuda import cuda_target
 
     level = "reserved" if cuda_target(device) is not None else "allocator"
@@ -38,22 +36,10 @@ def resolve_budget(budget: Any, device: str) -> tuple[int, str]:
     return parse_size(budget), level
 
 
-def _tracer(model: Any, inputs: Any, *, mode: str, optimizer: Any, loss_fn: Any, target: Any,
-            input_shape: Any) -> Callable[[int], Trace]:
-    if isinstance(model, str) and model.endswith(".keras"):
-        model = _load_keras_file(model)
-    spec = model if isinstance(model, str) else None
-    factory = _keras_factory(spec) if spec else None
-    if factory is not None or _is_keras(model):
-        keras_trace_at = _keras_frontend().tracer(None if factory else model, inputs, spec=spec,
-                                                  input_shape=input_shape, mode=mode, optimizer=optimizer,
-                                                  loss_fn=loss_fn, target=target, factory=factory)
-        return functools.lru_cache(maxsize=None)(keras_trace_at)
-    optimizer = "sgd" if optimizer is None else optimizer
-    frontend = _torch_frontend() if spec else _dispatch(model)
-    trace_at = frontend.tracer(model, inputs, spec=spec, input_shape=input_shape, mode=mode, optimizer=optimizer,
-                               loss_fn=loss_fn, target=target)
-    return functools.lru_cache(maxsize=None)(trace_at)
+def _tracer(request: StepRequest) -> tuple[Frontend, Callable[[int], Trace]]:
+    """The request's frontend and its batch → Trace function, each batch traced once."""
+    frontend = resolve(request.model)
+    return frontend, functools.lru_cache(maxsize=None)(frontend.tracer(request))
 
 
 def batch_curve(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
@@ -64,71 +50,59 @@ def batch_curve(model: Any, inputs: Any = None, *, mode: str = "train", optimize
     Raises:
         UnsupportedError: the step's ops differ between the two batch sizes, so no single curve holds.
     """
-    _check(mode, optimizer, None, "cpu")
-    trace_at = _tracer(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                       input_shape=input_shape)
+    request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
+                           input_shape=input_shape)
+    _, trace_at = _tracer(request)
     b1, b2 = CURVE_BATCHES
     curve = fit_curve(trace_at(b1), trace_at(b2), b1, b2, level)
     if curve is None:
-        from nnmem.errors import UnsupportedError
-
         raise UnsupportedError("the step runs different ops at batch 2 and 4; use max_batch, which traces each batch")
     return curve
 
 
 def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", mode: str = "train",
               optimizer: Any = None, loss_fn: Callable[..., Any] | None = None, target: Any = None,
-              input_shape: Any = None, upper: int = 1 << 20,
-              progress: Callable[[str], None] | None = None) -> FitResult:
+              input_shape: Any = None, upper: int = 1 << 20, progress: Progress | None = None) -> FitResult:
     """The largest batch whose step peak fits ``budget`` (or the device's usable memory).
 
     Args:
-        model: a torch.nn.Module with example ``inputs`` (their first dimension is the batch) or a MODEL spec.
+        model: a model with example ``inputs`` (their first dimension is the batch) or a MODEL spec.
         budget: bytes or a size text such as "16GiB".
         device: "cpu", "cuda" or a catalog name (``nnmem devices``) whose usable memory is the budget. On a
             CUDA device the batch is searched at the reserved level of nnmem's caching-allocator model.
         upper: the largest batch considered.
+        progress: called with a short message before each trace.
 
     Returns:
         The batch, the peak there and at the next batch, both from traces.
     """
-    _check(mode, optimizer, None, device)
-    budget_bytes, level = resolve_budget(budget, device)
-    trace_at = _tracer(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                       input_shape=input_shape)
+    request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
+                           device=device, input_shape=input_shape)
+    budget_bytes, level = _budget(budget, device)
+    frontend, trace_at = _tracer(request)
     return search_max_batch(trace_at, budget_bytes, level, upper=upper, progress=progress,
-                            peak_of=_cuda_peak_of(device, model))
+                            peak_of=frontend.peak_of(request))
 
 
-def _keras_like(model: Any) -> bool:
-    if isinstance(model, str):
-        return model.endswith(".keras") or _keras_factory(model) is not None
-    return _is_keras(model)
+def fit(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu",
+        modes: tuple[str, ...] = ("train", "infer"), optimizer: Any = None, loss_fn: Callable[..., Any] | None = None,
+        target: Any = None, input_shape: Any = None, progress: Progress | None = None) -> Fits:
+    """The largest batch that fits, for each of ``modes`` (training and inference side by side).
 
-
-def _cuda_peak_of(device: str, model: Any = None) -> Callable[[Trace], int] | None:
-    """On a CUDA device, the reserved peak of a trace (what decides an OOM there); else None."""
-    from nnmem.cuda import cuda_target
-
-    cuda_device = cuda_target(device)
-    if cuda_device is None:
-        return None
-    if _keras_like(model):
-        from nnmem.errors import UnsupportedError
-
-        raise UnsupportedError("Keras steps are searched for device 'cpu' (with budget=) only in this version; "
-                               "the CUDA allocator model covers PyTorch models")
-    frontend = _torch_frontend()
-
-    def peak_of(trace: Trace) -> int:
-        return int(frontend.cuda_level_peaks(trace, cuda_device)["reserved"])
-
-    return peak_of
+    Takes the arguments of :func:`max_batch`; returns each mode's answer and the level it was searched at.
+    """
+    results = tuple((mode, max_batch(model, inputs, budget=budget, device=device, mode=mode, optimizer=optimizer,
+                                     loss_fn=loss_fn, target=target, input_shape=input_shape, progress=progress))
+                    for mode in modes)
+    optimizer_name = optimizer if isinstance(optimizer, str) or optimizer is None else type(optimizer).__name__
+    name = step_request(model, inputs, device=device).name
+    return Fits(model=name, device=device, level=_budget(budget, device)[1], optimizer=optimizer_name,
+                results=results)
 
 
 def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", optimizer: Any = None,
             loss_fn: Callable[..., Any] | None = None, target: Any = None, input_shape: Any = None,
-            batch: int | None = None, progress: Callable[[str], None] | None = None) -> Explanation:
+            batch: int | None = None, progress: Progress | None = None) -> Explanation:
     """Training next to inference: what grows per sample in each, and the largest batch of each.
 
     Args:
@@ -137,32 +111,35 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
             batch (the one deciding at large batches).
         budget: optional; with it (or a catalog device) both max batches are searched.
     """
-    _check("train", optimizer, batch, "cpu")
-    budget_bytes = resolve_budget(budget, device)[0] if budget is not None or device.lower() != "cpu" else None
+    budget_bytes = _budget(budget, device)[0] if budget is not None or device.lower() != "cpu" else None
     figures = {}
     saved: dict[str, int] = {}
     gradient_bytes = 0
+    b1, b2 = CURVE_BATCHES
     for mode in ("train", "infer"):
-        trace_at = _tracer(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                           input_shape=input_shape)
-        b1, b2 = CURVE_BATCHES
+        request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
+                               device=device, batch=batch, input_shape=input_shape)
+        frontend, trace_at = _tracer(request)
         curve = fit_curve(trace_at(b1), trace_at(b2), b1, b2, "allocator")
         if curve is None:
-            from nnmem.errors import UnsupportedError
-
             raise UnsupportedError(f"{mode}: the step runs different ops at batch {b1} and {b2}")
-        fit = (search_max_batch(trace_at, budget_bytes, "allocator", progress=progress,
-                                peak_of=_cuda_peak_of(device, model))
-               if budget_bytes is not None else None)
-        figures[mode] = mode_figures(mode, curve, trace_at(b1), trace_at(b2), batch, fit)
+        result = (search_max_batch(trace_at, budget_bytes, "allocator", progress=progress,
+                                   peak_of=frontend.peak_of(request))
+                  if budget_bytes is not None else None)
+        figures[mode] = mode_figures(mode, curve, trace_at(b1), trace_at(b2), batch, result)
         if mode == "train":
-            r1 = report_from_trace(trace_at(b1), source="estimate", model="", device=device)
-            r2 = report_from_trace(trace_at(b2), source="estimate", model="", device=device)
-            for row1, row2 in zip(r1.layers, r2.layers):
-                per_sample = (row2.saved_bytes - row1.saved_bytes) // (b2 - b1)
-                if per_sample > 0:
-                    saved[row1.path or "(model)"] = per_sample
-            gradient_bytes = sum(row.parameter_bytes for row in r1.layers
-                                 if row.parameters) if "gradients" in r1.breakdown else 0
+            gradient_bytes = _saved_per_sample(trace_at(b1), trace_at(b2), b2 - b1, device, saved)
     ordered = tuple(sorted(saved.items(), key=lambda item: -item[1]))
-    return Explanation(figures["train"], figures["infer"], gradient_bytes, ordered, budget_bytes)
+    return Explanation(figures["train"], figures["infer"], gradient_bytes, ordered, budget_bytes,
+                       model=request.name)
+
+
+def _saved_per_sample(first: Trace, second: Trace, step: int, device: str, saved: dict[str, int]) -> int:
+    """Fill ``saved`` with each layer's saved-for-backward bytes per sample; return the gradients' bytes."""
+    r1 = report_from_trace(first, source="estimate", model="", device=device)
+    r2 = report_from_trace(second, source="estimate", model="", device=device)
+    for row1, row2 in zip(r1.layers, r2.layers):
+        per_sample = (row2.saved_bytes - row1.saved_bytes) // step
+        if per_sample > 0:
+            saved[row1.path or "(model)"] = per_sample
+    return sum(row.parameter_bytes for row in r1.layers if row.parameters) if "gradients" in r1.breakdown else 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import sys
@@ -19,8 +18,8 @@ from typing import Any
 import click
 
 import nnmem
-from nnmem.api import MODES, OPTIMIZERS
-from nnmem.frontends.keras_names import KERAS_OPTIMIZERS
+from nnmem import optimizers
+from nnmem._api import MODES
 from nnmem.report.text import (
     render_budget,
     render_comparison,
@@ -32,10 +31,10 @@ from nnmem.report.text import (
     render_summary,
 )
 
-_ALL_OPTIMIZERS = tuple(dict.fromkeys((*OPTIMIZERS, *KERAS_OPTIMIZERS)))
+_ALL_OPTIMIZERS = optimizers.names()
 _OPTIMIZER_HELP = ("Optimizer whose state a training step keeps. Default: sgd for PyTorch models, the compiled "
                    "one for Keras models (Keras-only: "
-                   + ", ".join(k for k in KERAS_OPTIMIZERS if k not in OPTIMIZERS) + ").")
+                   + ", ".join(k for k in optimizers.names("keras") if k not in optimizers.names("torch")) + ").")
 
 __all__ = ["main", "cli", "NnmemGroup"]
 
@@ -126,21 +125,6 @@ def _width() -> int:
     return max(120, min(160, shutil.get_terminal_size((120, 24)).columns))
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with infinite or NaN floats replaced by None, so that the JSON is strict (RFC 8259)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _budget_dict(peak_bytes: int, budget: int | None) -> dict[str, Any]:
-    return {} if budget is None else {"budget_bytes": budget, "fits": peak_bytes <= budget}
-
-
 class NnmemGroup(click.Group):
     """A click group whose ``main`` turns every failure into one line on stderr and an exit code."""
 
@@ -173,8 +157,7 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
     """
     report = nnmem.estimate(model, **_step_kwargs(batch, input_shape, mode, optimizer, device))
     if as_json:
-        extra = _budget_dict(report.peak_bytes, budget)
-        click.echo(json.dumps({**report.to_dict(), **extra}, indent=2) if extra else report.to_json())
+        click.echo(report.to_json(budget_bytes=budget))
         return
     click.echo(render_report(report, width=_width()), nl=False)
     if budget is not None:
@@ -200,8 +183,7 @@ def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mo
     measured = nnmem.measure(model, **kwargs, timeout_s=timeout_s, runs=runs)
     comparison = nnmem.compare(estimated, measured)
     if as_json:
-        data = {**comparison.to_dict(), **_budget_dict(measured.peak_bytes, budget)}
-        click.echo(json.dumps(_finite(data), indent=2))
+        click.echo(json.dumps(comparison.to_dict(budget_bytes=budget), indent=2))
         return
     click.echo(render_summary(estimated))
     click.echo(render_summary(measured))
@@ -223,11 +205,6 @@ def _progress() -> Callable[[str], None] | None:
     if not sys.stderr.isatty():
         return None
     return lambda message: click.echo(f"nnmem: {message}", err=True)
-
-
-def _fit_dict(fit: nnmem.FitResult) -> dict[str, Any]:
-    return {"batch": fit.batch, "peak_bytes": fit.peak_bytes, "next_peak_bytes": fit.next_peak_bytes,
-            "budget_bytes": fit.budget_bytes, "headroom_bytes": fit.headroom_bytes, "traces": fit.traces}
 
 
 def _budget_label(budget: int | None, device: str) -> str:
@@ -274,18 +251,13 @@ def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[in
     """
     _need_budget(budget, device)
     modes = MODES if mode.lower() == "both" else (mode.lower(),)
-    results = []
-    for m in modes:
-        result = nnmem.max_batch(model, budget=budget, device=device, mode=m, optimizer=_opt(optimizer),
-                                 input_shape=input_shape or None, progress=_progress())
-        results.append((m, result))
-    level = nnmem.resolve_budget(budget, device)[1]
+    fits = nnmem.fit(model, budget=budget, device=device, modes=modes, optimizer=_opt(optimizer),
+                     input_shape=input_shape or None, progress=_progress())
     if as_json:
-        click.echo(json.dumps({"model": model, "device": device, "level": level, "optimizer": _opt(optimizer),
-                               **{m: _fit_dict(r) for m, r in results}}, indent=2))
+        click.echo(json.dumps(fits.to_dict(), indent=2))
         return
-    click.echo(render_fits(results, budget_label=_budget_label(budget, device), level=level, width=_width()),
-               nl=False)
+    click.echo(render_fits(list(fits.results), budget_label=_budget_label(budget, device), level=fits.level,
+                           width=_width()), nl=False)
 
 
 @cli.command()
@@ -304,16 +276,7 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
     exp = nnmem.explain(model, budget=budget, device=device, optimizer=_opt(optimizer),
                         input_shape=input_shape or None, batch=batch, progress=_progress())
     if as_json:
-        def figures(f: nnmem.ModeFigures) -> dict[str, Any]:
-            return {"fixed_bytes": f.fixed_bytes, "per_sample_bytes": f.per_sample_bytes,
-                    "per_sample_by_category": f.per_sample_by_category, "fixed_by_category": f.fixed_by_category,
-                    "fit": _fit_dict(f.fit) if f.fit is not None else None}
-
-        click.echo(json.dumps(_finite({
-            "model": model, "train": figures(exp.train), "infer": figures(exp.infer),
-            "gradient_bytes": exp.gradient_bytes, "per_sample_ratio": exp.per_sample_ratio,
-            "batch_ratio": exp.batch_ratio, "budget_bytes": exp.budget_bytes,
-            "saved_per_sample": dict(exp.saved_per_sample)}), indent=2))
+        click.echo(json.dumps(exp.to_dict(), indent=2))
         return
     click.echo(render_explanation(exp, model=model, width=_width()), nl=False)
 
@@ -324,11 +287,7 @@ def devices(as_json: bool) -> None:
     """List the device catalog: memory, what is not available to tensors, and the source of each figure."""
     catalog = nnmem.list_devices()
     if as_json:
-        click.echo(json.dumps([{"name": d.name, "kind": d.kind, "memory_bytes": d.memory_bytes,
-                                "context_bytes": d.context_bytes, "usable_bytes": d.usable_bytes,
-                                "bandwidth_gbps": d.bandwidth_gbps,
-                                "compute_capability": list(d.compute_capability) if d.compute_capability else None,
-                                "source": d.source, "notes": d.notes} for d in catalog], indent=2))
+        click.echo(json.dumps([d.to_dict() for d in catalog], indent=2))
         return
     click.echo(render_devices(catalog, width=_width()), nl=False)
 

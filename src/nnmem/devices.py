@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from nnmem.errors import ConfigError
 
@@ -63,6 +63,14 @@ class Device:
     def usable_bytes(self) -> int:
         """Memory left for the framework's allocator: ``memory_bytes - context_bytes``, in bytes."""
         return self.memory_bytes - self.context_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, with ``usable_bytes``."""
+        return {"name": self.name, "kind": self.kind, "memory_bytes": self.memory_bytes,
+                "context_bytes": self.context_bytes, "usable_bytes": self.usable_bytes,
+                "bandwidth_gbps": self.bandwidth_gbps,
+                "compute_capability": list(self.compute_capability) if self.compute_capability else None,
+                "source": self.source, "notes": self.notes}
 
 
 # Context estimates per CUDA architecture (major version of the compute capability), in bytes.

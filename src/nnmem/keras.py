@@ -21,8 +21,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from nnmem.api import _keras_example_data, estimate
+from nnmem._api import estimate
 from nnmem.errors import BudgetError, ConfigError
+from nnmem.frontends.keras.data import example_data
 from nnmem.report.model import Report
 from nnmem.units import format_bytes, parse_size
 
@@ -105,7 +106,7 @@ def _output_shape(layer: Any) -> str:
 
 def _data(model: Any, batch_size: int, mode: str, x: Any, y: Any) -> tuple[Any, Any]:
     if x is None:
-        x, y2, _ = _keras_example_data(model, batch_size, mode, y)
+        x, y2, _ = example_data(model, batch_size, mode, y)
         return x, y2
     return _rebatch(x, batch_size), _rebatch(y, batch_size)
 
@@ -287,7 +288,7 @@ class _PeakProbe:
         if backend == "torch":
             from torch.profiler import ProfilerActivity, profile
 
-            from nnmem.frontends.keras.torch.trace import live_variable_bytes
+            from nnmem.frontends.keras.torch.measure import live_variable_bytes
 
             prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             resident = live_variable_bytes(model)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from nnmem.report.model import Report
 
@@ -45,13 +47,18 @@ class Comparison:
                 return row
         raise KeyError(field)
 
-    def to_dict(self) -> dict[str, object]:
-        return {
+    def to_dict(self, *, budget_bytes: int | None = None) -> dict[str, Any]:
+        """A JSON-ready dict (strict JSON: an error that is not finite is None); with ``budget_bytes``, whether
+        the measured peak fits it."""
+        data: dict[str, Any] = {
             "estimated": self.estimated.to_dict(),
             "measured": self.measured.to_dict(),
-            "rows": [{"field": r.field, "estimated": r.estimated, "measured": r.measured, "error": r.error}
-                     for r in self.rows],
+            "rows": [{"field": r.field, "estimated": r.estimated, "measured": r.measured,
+                      "error": r.error if math.isfinite(r.error) else None} for r in self.rows],
         }
+        if budget_bytes is not None:
+            data.update(budget_bytes=budget_bytes, fits=self.measured.peak_bytes <= budget_bytes)
+        return data
 
 
 def compare(estimated: Report, measured: Report) -> Comparison:

@@ -112,18 +112,28 @@ class Report:
         """Parameter elements of the model."""
         return sum(row.parameters for row in self.layers)
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; ``Report.from_dict`` reads it back."""
-        return asdict(self)
+    @property
+    def parameter_bytes(self) -> int:
+        """Bytes of the model's parameters (each counted once, where its owning layer holds it)."""
+        return sum(row.parameter_bytes for row in self.layers)
 
-    def to_json(self, *, indent: int | None = 2) -> str:
-        """The report as JSON text."""
-        return json.dumps(self.to_dict(), indent=indent)
+    def to_dict(self, *, budget_bytes: int | None = None) -> dict[str, Any]:
+        """A JSON-ready dict; ``Report.from_dict`` reads it back. It carries the model's ``parameters`` and
+        ``parameter_bytes`` at the top level and, with ``budget_bytes``, whether ``peak_bytes`` fits it."""
+        data = asdict(self)
+        data.update(parameters=self.parameter_count, parameter_bytes=self.parameter_bytes)
+        if budget_bytes is not None:
+            data.update(budget_bytes=budget_bytes, fits=self.peak_bytes <= budget_bytes)
+        return data
+
+    def to_json(self, *, indent: int | None = 2, budget_bytes: int | None = None) -> str:
+        """The report as JSON text (see :meth:`to_dict`)."""
+        return json.dumps(self.to_dict(budget_bytes=budget_bytes), indent=indent)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
         """Rebuild a report from ``to_dict()`` output."""
-        values = dict(data)
+        values = {k: v for k, v in data.items() if k not in _DERIVED}
         values["layers"] = tuple(
             LayerRow(**{**row, "parameter_shapes": tuple(tuple(s) for s in row.get("parameter_shapes", ()))})
             for row in values.get("layers", ())
@@ -131,6 +141,10 @@ class Report:
         values["timeline"] = tuple(TimelinePoint(**p) for p in values.get("timeline", ()))
         values["notes"] = tuple(values.get("notes", ()))
         return cls(**values)
+
+
+# Keys ``to_dict`` adds to the fields: derived from them, not read back.
+_DERIVED = frozenset({"parameters", "parameter_bytes", "budget_bytes", "fits"})
 
 
 def report_from_trace(

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from nnmem.errors import ConfigError
 from nnmem.simulate import Simulation, simulate
 from nnmem.trace import Trace
 
-__all__ = ["BatchCurve", "FitResult", "fit_curve", "search_max_batch"]
+__all__ = ["BatchCurve", "FitResult", "Fits", "fit_curve", "search_max_batch"]
 
 TraceAt = Callable[[int], Trace]
 
@@ -61,6 +62,11 @@ class BatchCurve:
                 hi = mid - 1
         return lo
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (per-op intercepts and slopes in bytes and bytes per sample)."""
+        return {"level": self.level, "batches": list(self.batches), "intercepts": list(self.intercepts),
+                "slopes": list(self.slopes), "categories": {k: list(v) for k, v in self.categories.items()}}
+
 
 @dataclass(frozen=True, slots=True)
 class FitResult:
@@ -89,6 +95,39 @@ class FitResult:
     def headroom_bytes(self) -> int:
         """Budget left at ``batch``, in bytes."""
         return self.budget_bytes - self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the answer (the fitted curve is left out: ``curve.to_dict()`` has it)."""
+        return {"batch": self.batch, "peak_bytes": self.peak_bytes, "next_peak_bytes": self.next_peak_bytes,
+                "budget_bytes": self.budget_bytes, "headroom_bytes": self.headroom_bytes, "traces": self.traces,
+                "at_limit": self.at_limit}
+
+
+@dataclass(frozen=True, slots=True)
+class Fits:
+    """The largest batch of one model for several modes (``nnmem.fit``).
+
+    Attributes:
+        model: the model's name.
+        device: the device whose memory (or the budget) was searched against.
+        level: the level the peaks were compared at ("allocator" on the CPU, "reserved" on CUDA).
+        optimizer: the optimizer asked for (None: the framework's default or the compiled one).
+        results: (mode, answer) in the order asked.
+    """
+
+    model: str
+    device: str
+    level: str
+    optimizer: str | None
+    results: tuple[tuple[str, FitResult], ...]
+
+    def __getitem__(self, mode: str) -> FitResult:
+        return dict(self.results)[mode]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the search's terms, then one entry per mode."""
+        return {"model": self.model, "device": self.device, "level": self.level, "optimizer": self.optimizer,
+                **{mode: result.to_dict() for mode, result in self.results}}
 
 
 def batch_ratio(train: FitResult | None, infer: FitResult | None) -> float | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from nnmem.simulate import _live_at
 from nnmem.trace import Category, Trace
@@ -33,6 +35,13 @@ class ModeFigures:
     fixed_by_category: dict[str, int]
     fit: FitResult | None
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"mode": self.mode, "fixed_bytes": self.fixed_bytes, "per_sample_bytes": self.per_sample_bytes,
+                "per_sample_by_category": dict(self.per_sample_by_category),
+                "fixed_by_category": dict(self.fixed_by_category),
+                "fit": self.fit.to_dict() if self.fit is not None else None}
+
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
@@ -44,6 +53,7 @@ class Explanation:
         gradient_bytes: bytes of gradients — the size of the trainable parameters, whatever the batch.
         saved_per_sample: per layer, bytes saved for backward per sample (largest first).
         budget_bytes: the budget the fits answer to, if any.
+        model: the model's name.
     """
 
     train: ModeFigures
@@ -51,6 +61,7 @@ class Explanation:
     gradient_bytes: int
     saved_per_sample: tuple[tuple[str, int], ...]
     budget_bytes: int | None
+    model: str = ""
 
     @property
     def batch_ratio(self) -> float | None:
@@ -61,6 +72,15 @@ class Explanation:
     def per_sample_ratio(self) -> float:
         """Training bytes per sample / inference bytes per sample."""
         return self.train.per_sample_bytes / max(self.infer.per_sample_bytes, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (strict JSON: a ratio that is not finite is None)."""
+        ratio = self.batch_ratio
+        return {"model": self.model, "train": self.train.to_dict(), "infer": self.infer.to_dict(),
+                "gradient_bytes": self.gradient_bytes,
+                "per_sample_ratio": self.per_sample_ratio if math.isfinite(self.per_sample_ratio) else None,
+                "batch_ratio": ratio if ratio is None or math.isfinite(ratio) else None,
+                "budget_bytes": self.budget_bytes, "saved_per_sample": dict(self.saved_per_sample)}
 
 
 def deciding_op(curve: BatchCurve, batch: int | None) -> int:

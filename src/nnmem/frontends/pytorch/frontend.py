@@ -1,4 +1,5 @@
-"""The PyTorch frontend's entry points: estimate (fake trace) and measure (real run in a child)."""
+"""The PyTorch frontend: build a model or MODEL spec on the meta device, trace its step under
+FakeTensorMode (CPU kernel rules, or the CUDA caching-allocator model), measure it for real in a child."""
 
 from __future__ import annotations
 
@@ -9,24 +10,16 @@ import torch
 
 from nnmem import cuda
 from nnmem.errors import ConfigError
+from nnmem.frontends.base import StepRequest
 from nnmem.frontends.pytorch.step import fake_copy, optimizer_name, trace_fake_step
-from nnmem.loader import Built, build
+from nnmem.frontends.pytorch.workspace import RULES
+from nnmem.loader import Built, build, resolve_factory
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Trace
 
-__all__ = ["is_torch_model", "estimate_torch", "measure_torch", "build_torch", "shaped_inputs"]
+__all__ = ["FRONTEND", "PyTorchFrontend", "build_torch", "shaped_inputs", "cuda_level_peaks"]
 
-
-def is_torch_model(model: Any) -> bool:
-    return isinstance(model, torch.nn.Module)
-
-
-def _rules() -> Any:
-    try:
-        from nnmem.frontends.pytorch import workspace
-    except ImportError:  # the rules module is optional while it is being written
-        return None
-    return workspace.RULES
+DEFAULT_OPTIMIZER = "sgd"
 
 
 def _as_tuple(inputs: Any) -> tuple[Any, ...]:
@@ -58,24 +51,44 @@ def build_torch(factory: Callable[..., Any], batch: int, spec: str, *, meta: boo
     return build(factory, batch, spec), notes
 
 
-def estimate_torch(model: torch.nn.Module, inputs: Any, *, mode: str, optimizer: Any, loss_fn: Any, target: Any,
-                   device: str, name: str, batch: int | None, notes: tuple[str, ...] = ()) -> Report:
-    """Estimate a PyTorch step under FakeTensorMode."""
-    meta: dict[str, object] = {"optimizer": optimizer_name(optimizer) if mode == "train" else "",
-                               "batch": batch or _batch_of(inputs), "torch": torch.__version__}
-    trace = trace_fake_step(model, _as_tuple(inputs), mode=mode, optimizer=optimizer, loss_fn=loss_fn,
-                            target=target, rules=_rules(), meta=meta)
-    all_notes = list(notes)
-    target_cuda = cuda.cuda_target(device)
-    if target_cuda is not None:
-        trace = cuda.without_workspace(trace)
-        peaks = cuda_level_peaks(trace, target_cuda)
-        all_notes.append(cuda.NOT_VALIDATED)
-        return report_from_trace(trace, source="estimate", model=name, device=target_cuda.name, level="reserved",
-                                 overrides=peaks, notes=tuple(all_notes))
-    if _rules() is None:
-        all_notes.append("kernel workspace rules are not available: the allocator level equals the tensor level")
-    return report_from_trace(trace, source="estimate", model=name, device=device, notes=tuple(all_notes))
+def _from_spec(request: StepRequest, batch: int, *, meta: bool) -> tuple[StepRequest, list[str]]:
+    """The request with a MODEL spec's model, inputs, target and loss filled in (those not given)."""
+    spec = str(request.model)
+    built, notes = build_torch(resolve_factory(spec), batch, spec, meta=meta)
+    if not isinstance(built.model, torch.nn.Module):
+        raise ConfigError(f"expected the factory {spec!r} to return a torch.nn.Module (or a tuple starting with one). "
+                          f"Received: {type(built.model).__name__}")
+    inputs = request.inputs
+    if inputs is None and request.input_shape:
+        inputs = shaped_inputs(batch, request.input_shape, device="meta" if meta else "cpu")
+    inputs = built.inputs if inputs is None else inputs
+    if inputs is None:
+        raise ConfigError(f"the factory {spec!r} returned only a model: give the input shape, e.g. "
+                          "--input-shape 3,224,224")
+    return request.with_(model=built.model, inputs=inputs,
+                         target=built.target if request.target is None else request.target,
+                         loss_fn=request.loss_fn or built.loss_fn), notes
+
+
+def _batch_of(inputs: Any) -> int | None:
+    first = inputs if isinstance(inputs, torch.Tensor) else (inputs[0] if isinstance(inputs, (tuple, list)) and inputs
+                                                             else None)
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else None
+
+
+def _meta(request: StepRequest) -> dict[str, object]:
+    return {"optimizer": optimizer_name(request.optimizer) if request.mode == "train" else "",
+            "batch": request.batch or _batch_of(request.inputs), "torch": torch.__version__}
+
+
+def _rebatch(value: Any, example: int, batch: int) -> Any:
+    """Meta tensors like ``value`` whose leading dimension ``example`` becomes ``batch``."""
+    if isinstance(value, torch.Tensor):
+        shape = (batch, *value.shape[1:]) if value.dim() and value.shape[0] == example else tuple(value.shape)
+        return torch.empty(shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rebatch(v, example, batch) for v in value)
+    return value
 
 
 def cuda_level_peaks(trace: Trace, target: cuda.CudaTarget) -> dict[str, int]:
@@ -93,63 +106,81 @@ _CUBLAS_OPS = frozenset(str(op) for op in (
 ))
 
 
-def measure_torch(built: Built, *, mode: str, optimizer: Any, device: str, name: str, batch: int | None) -> Report:
-    """Run the step for real (call in a child process)."""
-    from nnmem.frontends.pytorch.measure import measure_step
+class PyTorchFrontend:
+    """``torch.nn.Module`` models and MODEL specs whose factory returns one."""
 
-    meta: dict[str, object] = {"optimizer": optimizer_name(optimizer) if mode == "train" else "",
-                               "batch": batch or _batch_of(built.inputs), "torch": torch.__version__}
-    inputs = _as_tuple(built.inputs)
-    if any(isinstance(t, torch.Tensor) and t.is_meta for t in inputs):
-        inputs = fake_copy(inputs)
-    return measure_step(built.model, inputs, mode=mode, optimizer=optimizer, loss_fn=built.loss_fn,
-                        target=built.target, name=name, device=device, meta=meta)
+    name = "pytorch"
 
+    def load(self, request: StepRequest) -> StepRequest:
+        optimizer = DEFAULT_OPTIMIZER if request.optimizer is None else request.optimizer
+        if not isinstance(request.model, str) and request.inputs is None:
+            raise ConfigError("expected inputs: a tensor or a tuple of tensors the model is called with")
+        return request.with_(optimizer=optimizer)
 
-def _batch_of(inputs: Any) -> int | None:
-    first = inputs if isinstance(inputs, torch.Tensor) else (inputs[0] if isinstance(inputs, (tuple, list)) and inputs
-                                                             else None)
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else None
+    def _trace(self, request: StepRequest, batch: int | None = None) -> tuple[StepRequest, Trace, list[str]]:
+        notes: list[str] = []
+        if isinstance(request.model, str):
+            request, notes = _from_spec(request, request.batch or 1, meta=True)
+        meta = _meta(request) if batch is None else {"batch": batch}
+        trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
+                                optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
+                                rules=RULES, meta=meta)
+        return request, trace, notes
 
+    def estimate(self, request: StepRequest) -> Report:
+        request = self.load(request)
+        request, trace, notes = self._trace(request)
+        target_cuda = cuda.cuda_target(request.device)
+        if target_cuda is not None:
+            trace = cuda.without_workspace(trace)
+            return report_from_trace(trace, source="estimate", model=request.name, device=target_cuda.name,
+                                     level="reserved", overrides=cuda_level_peaks(trace, target_cuda),
+                                     notes=(*notes, cuda.NOT_VALIDATED))
+        return report_from_trace(trace, source="estimate", model=request.name, device=request.device,
+                                 notes=tuple(notes))
 
-
-
-def tracer(model: Any, inputs: Any, *, spec: str | None, input_shape: Any, mode: str, optimizer: Any,
-           loss_fn: Any, target: Any) -> Callable[[int], Any]:
-    """A function batch → Trace of the step at that batch, traced under FakeTensorMode.
-
-    A MODEL spec's factory is called at each batch under the meta device; a model with example
-    inputs gets inputs (and a target) whose leading dimension is replaced by the batch.
-    """
-    from nnmem.loader import resolve_factory
-
-    factory = resolve_factory(spec) if spec is not None else None
-    example = _batch_of(inputs) if inputs is not None else None
-
-    def trace_at(batch: int) -> Any:
-        if factory is not None:
-            built, _ = build_torch(factory, batch, spec or "", meta=True)
-            x = (shaped_inputs(batch, input_shape, device="meta") if input_shape else built.inputs)
-            if x is None:
-                raise ConfigError(f"the factory {spec!r} returned only a model: give the input shape")
-            return trace_fake_step(built.model, _as_tuple(x), mode=mode, optimizer=optimizer,
-                                   loss_fn=loss_fn or built.loss_fn,
-                                   target=target if target is not None else built.target, rules=_rules(),
-                                   meta={"batch": batch})
+    def tracer(self, request: StepRequest) -> Callable[[int], Trace]:
+        """A MODEL spec's factory is called at each batch under the meta device; a model with example inputs
+        gets inputs (and a target) whose leading dimension becomes the batch."""
+        request = self.load(request)
+        if isinstance(request.model, str):  # inputs come from the factory, or zeros of input_shape, per batch
+            spec = request.with_(inputs=None)
+            return lambda batch: self._trace(spec.with_(batch=batch), batch)[1]
+        example = _batch_of(request.inputs)
         if example is None:
             raise ConfigError("expected inputs whose first dimension is the batch, to rescale them")
-        return trace_fake_step(model, _rebatch(_as_tuple(inputs), example, batch), mode=mode, optimizer=optimizer,
-                               loss_fn=loss_fn, target=_rebatch(target, example, batch), rules=_rules(),
-                               meta={"batch": batch})
 
-    return trace_at
+        def trace_at(batch: int) -> Trace:
+            rebatched = request.with_(inputs=_rebatch(_as_tuple(request.inputs), example, batch),
+                                      target=_rebatch(request.target, example, batch))
+            return self._trace(rebatched, batch)[1]
+
+        return trace_at
+
+    def peak_of(self, request: StepRequest) -> Callable[[Trace], int] | None:
+        target_cuda = cuda.cuda_target(request.device)
+        if target_cuda is None:
+            return None
+        return lambda trace: int(cuda_level_peaks(trace, target_cuda)["reserved"])
+
+    def measure(self, request: StepRequest, *, timeout_s: float | None) -> Report:
+        from nnmem.runner.child import run_in_child
+
+        request = self.load(request)
+
+        def work() -> dict[str, Any]:
+            from nnmem.frontends.pytorch.measure import measure_step
+
+            real = _from_spec(request, request.batch or 1, meta=False)[0] if isinstance(request.model, str) \
+                else request
+            inputs = _as_tuple(real.inputs)
+            if any(isinstance(t, torch.Tensor) and t.is_meta for t in inputs):
+                inputs = fake_copy(inputs)
+            return measure_step(real.model, inputs, mode=real.mode, optimizer=real.optimizer, loss_fn=real.loss_fn,
+                                target=real.target, name=real.name, device=real.device,
+                                meta=_meta(real)).to_dict()
+
+        return Report.from_dict(run_in_child(work, timeout_s=timeout_s))
 
 
-def _rebatch(value: Any, example: int, batch: int) -> Any:
-    """Meta tensors like ``value`` whose leading dimension ``example`` becomes ``batch``."""
-    if isinstance(value, torch.Tensor):
-        shape = (batch, *value.shape[1:]) if value.dim() and value.shape[0] == example else tuple(value.shape)
-        return torch.empty(shape, dtype=value.dtype, device="meta")
-    if isinstance(value, (tuple, list)):
-        return type(value)(_rebatch(v, example, batch) for v in value)
-    return value
+FRONTEND = PyTorchFrontend()

@@ -1,0 +1,100 @@
+"""A Keras model's way into the measuring child: its config and custom classes (built afresh there, random
+initial weights, compiled like the caller's), and ``.keras`` files loaded in safe mode (no Lambda code runs).
+
+The child rebuilds rather than unpickles: a model pickled with its weights arrives with its variables
+re-pointed at the loaded arrays, outside the allocator the step is measured on.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from nnmem.errors import MeasureError, ModelLoadError
+
+__all__ = ["first_line", "load_file", "model_payload", "model_from_payload"]
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (up to 200 characters), or its type's name when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+def model_payload(model: Any) -> bytes:
+    """The model's config, the classes it needs and whether its optimizer has state, pickled for the child."""
+    import cloudpickle
+
+    try:
+        config = keras.saving.serialize_keras_object(model)
+        payload = cloudpickle.dumps((config, _custom_objects(model), _optimizer_built(model)))
+    except Exception as err:
+        raise MeasureError(f"the Keras model cannot be sent to the measuring child process ({first_line(err)}): "
+                           "give custom layers and models a get_config() (keras.saving.register_keras_serializable), "
+                           "or measure a MODEL spec 'file.py:factory'") from err
+    return payload  # type: ignore[no-any-return]
+
+
+def _custom_objects(model: Any) -> dict[str, Any]:
+    """The model's own layer and model classes (not Keras's), by class name and by registered name."""
+    objects: dict[str, Any] = {}
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        cls = type(layer)
+        if cls.__module__.split(".")[0] == "keras":
+            continue
+        objects[cls.__name__] = cls
+        objects[keras.saving.get_registered_name(cls)] = cls
+    return objects
+
+
+def _optimizer_built(model: Any) -> bool:
+    optimizer = getattr(model, "optimizer", None)
+    return bool(optimizer is not None and getattr(optimizer, "built", False))
+
+
+def model_from_payload(payload: bytes) -> Any:
+    """Build the model of :func:`_model_payload` afresh: from its config, compiled as the caller's was, its
+    optimizer's state built only where the caller's optimizer had state."""
+    import cloudpickle
+
+    config, objects, optimizer_built = cloudpickle.loads(payload)
+    config = dict(config)
+    compile_config = config.pop("compile_config", None)
+    try:
+        with keras.saving.custom_object_scope(objects):
+            model = keras.saving.deserialize_keras_object(config, custom_objects=objects)
+            if compile_config:
+                if type(model).compile is keras.Model.compile:
+                    model.compile(**keras.saving.deserialize_keras_object(compile_config))
+                else:  # a custom compile: Keras's own loading calls it the same way (or warns)
+                    model.compile_from_config(compile_config)
+    except Exception as err:
+        raise MeasureError("the measuring child process cannot rebuild the Keras model from its config "
+                           f"({first_line(err)}): "
+                           "register custom classes with keras.saving.register_keras_serializable and give them "
+                           "a get_config(), or measure a MODEL spec 'file.py:factory'") from err
+    if optimizer_built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def load_file(path: str) -> Any:
+    """Load a ``.keras`` file with ``safe_mode=True``: a Lambda layer's code is refused, not run."""
+    if not Path(path).is_file():
+        raise ModelLoadError(f"model file not found: {path}")
+    try:
+        with warnings.catch_warnings():  # Keras warns that a saved optimizer's slots are rebuilt; they are
+            warnings.simplefilter("ignore")
+            return keras.saving.load_model(path, safe_mode=True, compile=True)
+    except ValueError as err:
+        text = str(err)
+        if "safe_mode" in text or "Lambda" in text or "lambda" in text:
+            raise ModelLoadError(f"refusing to load {path}: it contains a Lambda layer whose code would run on "
+                                 "load (Keras safe_mode). Rebuild the model in a factory 'file.py:factory' "
+                                 "you trust instead") from err
+        raise ModelLoadError(f"cannot load {path}: {text.strip().splitlines()[0] if text.strip() else err}") from err
+    except Exception as err:
+        raise ModelLoadError(f"cannot load {path}: {type(err).__name__}: {err}") from err
