@@ -121,7 +121,7 @@ class PyTorchFrontend:
         notes: list[str] = []
         if isinstance(request.model, str):
             request, notes = _from_spec(request, request.batch or 1, meta=True)
-        meta = _meta(request) if batch is None else {"batch": batch}
+        meta: dict[str, object] = _meta(request) if batch is None else {"batch": batch}
         trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
                                 optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
                                 rules=RULES, meta=meta)
