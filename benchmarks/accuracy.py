@@ -3,7 +3,7 @@
 Run:  python benchmarks/accuracy.py [--models mlp,vgg] [--batch 8] [--keras torch,jax,tensorflow] [--json out.json]
 
 For each model × (SGD, momentum, Adam, AdamW train steps, and inference) it estimates the step under
-FakeTensorMode and measures it for real in a child process (protocol: README "Accuracy"), then
+FakeTensorMode and measures it for real in a child process (protocol: docs/accuracy.md), then
 prints estimated and measured peaks at the tensor and allocator levels with the signed error, and a
 summary (median and max of |error| per level). Exit code 1 when a target is missed:
 tensor level within 0.5 % on every case; allocator level median <= 2 %, max <= 10 %.

@@ -6,7 +6,7 @@ Each architecture (``weights=None``: random weights, nothing downloaded; small i
 them in seconds) is compiled with Adam and sparse categorical cross-entropy, then estimated and measured —
 passed as a model object, the way users call ``nnmem.measure(model, x, target=y)`` — for an Adam train step and
 for inference. Every backend runs in its own process (Keras fixes its backend at import). The table gives the
-estimated and measured peaks (allocator level, each backend's truth: see README "Accuracy") and the signed
+estimated and measured peaks (allocator level, each backend's truth: see docs/accuracy.md) and the signed
 error; the summary gives the median and max |error| per backend.
 """
 

@@ -5,7 +5,7 @@ Run:  python benchmarks/peers.py [--models mlp,lstm_lm] [--batch 8] [--json out.
 For each zoo model, a train step with Adam and an inference step: nnmem's estimate and MemTracker's peak
 (``torch.distributed._tools.mem_tracker``, the model built under ``FakeTensorMode`` as its docs do, two
 train iterations so that the optimizer state exists, peaks reset after the first) are compared with
-``nnmem.measure`` of the same step (child process; protocol in README "How it works"), at the tensor level
+``nnmem.measure`` of the same step (child process; protocol in docs/how-it-works.md), at the tensor level
 and at the allocator level (which includes oneDNN scratch, what decides an OOM). MemTracker runs in a fresh
 process per case, so that its crash (it raises on some models) is reported as such.
 """
