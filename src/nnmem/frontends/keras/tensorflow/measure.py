@@ -1,3 +1,213 @@
-"""Interim: the real run still lives in trace.py until the split lands."""
+"""The Keras step on TensorFlow, run for real: the BFC allocator's peak on the sequential executor.
 
-from nnmem.frontends.keras.tensorflow.trace import *  # noqa: F401,F403
+The truth an estimate is compared with: the step's function traced afresh with its ops chained in the order
+the estimate replays (:func:`~nnmem.frontends.keras.tensorflow.schedule.pinned_schedule`), Grappler off, run on
+TensorFlow's sequential executor (``common_runtime/single_threaded_executor.cc``) with one intra-op thread, and
+read from the BFC allocator's statistics (``tf.config.experimental.get_memory_info``), which TensorFlow keeps
+on the CPU only with ``TF_CPU_ALLOCATOR_USE_BFC=true``. Pinned, the peak repeats from process to process; the
+default executor's, which orders ops by their measured cost, does not (docs/backends/keras-tensorflow.md).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import suppress
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from nnmem.errors import MeasureError
+from nnmem.frontends.keras.common import KerasStep, no_gc
+from nnmem.frontends.keras.tensorflow.schedule import pinned_schedule
+from nnmem.frontends.keras.tensorflow.trace import trace_step
+from nnmem.report.model import Report, report_from_trace
+from nnmem.trace import Trace
+
+__all__ = ["MEASURED_STEPS", "MEASURE_EXECUTOR", "MEASURE_INTER_OP_THREADS", "MEASURE_INTRA_OP_THREADS",
+           "measure_step", "sequential_runtime"]
+
+MEASURED_STEPS = 5
+"""Steps measured after the warm-up; the report takes their median peak. With the schedule pinned most steps
+repeat to the byte, in every process."""
+
+MEASURE_EXECUTOR = "SINGLE_THREADED_EXECUTOR"
+"""The executor the truth runs the step's function on: TensorFlow's own sequential executor
+(``single_threaded_executor.cc``: kernels one at a time in a fixed topological order, each input released after
+its last consumer, control flow functional — a while loop runs one iteration at a time). TensorFlow's default
+executor picks, per ready op, inline or queued execution by a moving average of its measured cycles
+(``KernelStats``: ops start "expensive", become inline under 8000 cycles), so its peak follows timing; its
+lowered while loops also run up to ``parallel_iterations`` iterations at once. A peak that moves with CPU load
+cannot be an accuracy reference; the sequential executor's repeats exactly."""
+
+MEASURE_INTER_OP_THREADS = 16
+"""Inter-op threads the measuring process starts TensorFlow with. The sequential executor runs every kernel in
+the calling thread, but a kernel that calls a function (``If``, ``While``, ``PartitionedCall``) blocks its thread
+until the callee, started on the inter-op pool, is done: each level of nesting holds one pool thread, and a pool
+with too few threads deadlocks. The threads add no concurrency."""
+
+MEASURE_INTRA_OP_THREADS = 1
+"""Intra-op threads of the measuring process. With more, kernels' worker threads allocate in racing order and
+the BFC layout — which free chunk a 1 MiB activation lands in — changes from process to process."""
+
+
+def sequential_runtime() -> None:
+    """Start TensorFlow with the thread pools of the measurement (:data:`MEASURE_INTER_OP_THREADS` inter-op,
+    :data:`MEASURE_INTRA_OP_THREADS` intra-op).
+
+    Call before TensorFlow runs its first op (building a Keras model runs ops); once TensorFlow has started
+    this does nothing and :func:`measure_step` checks the pools.
+    """
+    with suppress(RuntimeError):  # already started: measure_step checks the pools
+        tf.config.threading.set_inter_op_parallelism_threads(MEASURE_INTER_OP_THREADS)
+        tf.config.threading.set_intra_op_parallelism_threads(MEASURE_INTRA_OP_THREADS)
+
+
+def _inter_op_threads() -> int | None:
+    """Threads of the started runtime's inter-op pool (named ``tf_Compute``); None where /proc cannot tell."""
+    tf.constant(1.0) + 1.0  # starts the runtime with the configured pools (nothing once started)
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    count = 0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                count += f.read().strip() == "tf_Compute"
+        except OSError:
+            continue
+    return count or None
+
+
+def _check_pools(depth: int) -> None:
+    """Refuse a runtime whose thread pools are not the measurement's (``depth``: the step's call nesting)."""
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    if intra != MEASURE_INTRA_OP_THREADS:
+        raise MeasureError(f"expected TensorFlow to run {MEASURE_INTRA_OP_THREADS} intra-op thread (kernels allocate "
+                           f"in one fixed order), it runs {intra or 'the default number of'}: call "
+                           "nnmem.frontends.keras.tensorflow.measure.sequential_runtime() before TensorFlow runs its "
+                           "first op (building the model runs ops)")
+    threads = _inter_op_threads()
+    if threads is not None and threads <= depth:
+        raise MeasureError(f"the step nests function calls {depth} deep (tf.cond, while loops, ...) and the "
+                           f"sequential executor holds an inter-op thread per level, but TensorFlow runs {threads}: "
+                           "call nnmem.frontends.keras.tensorflow.measure.sequential_runtime() before TensorFlow runs "
+                           "its first op (building the model runs ops)")
+
+
+def _memory_info() -> dict[str, int]:
+    return dict(tf.config.experimental.get_memory_info("CPU:0"))
+
+
+def _owned_tensor(value: Any) -> Any:
+    """A tensor in a buffer of TensorFlow's allocator holding ``value``.
+
+    ``tf.convert_to_tensor`` of a NumPy array keeps NumPy's buffer when it happens to be 64-byte aligned and
+    copies it otherwise, so the data would be on the BFC allocator in some processes and not in others.
+    """
+    return tf.raw_ops.DeepCopy(x=tf.convert_to_tensor(value))
+
+
+def _run(step: KerasStep, x: Any, y: Any) -> None:
+    if step.mode == "train":
+        step.model.train_on_batch(x, y)
+    else:
+        step.model.predict_on_batch(x)
+
+
+def _first_step_pinned(step: KerasStep, x: Any, y: Any) -> bool:
+    """Trace the step's function afresh with its ops chained (``pinned_schedule``) and run it once.
+
+    Returns False where TensorFlow refused the chained graph (a kernel merge the schedule does not know closed
+    a cycle); the step then runs on the executor's own order.
+    """
+    def remake() -> None:
+        if step.mode == "train":
+            step.model.make_train_function(force=True)
+        else:
+            step.model.make_predict_function(force=True)
+
+    try:
+        with pinned_schedule():
+            remake()
+            _run(step, x, y)
+        return True
+    except tf.errors.InvalidArgumentError as err:
+        if "cycle" not in str(err):
+            raise
+    remake()
+    _run(step, x, y)
+    return False
+
+
+def _measured_steps(step: KerasStep, x: Any, y: Any) -> tuple[bool, list[int], list[int]]:
+    """Warm up and run :data:`MEASURED_STEPS` steps: (pinned, each step's peak, bytes in use before each)."""
+    from tensorflow.python.eager.context import function_executor_type
+
+    grappler = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    try:
+        with function_executor_type(MEASURE_EXECUTOR):
+            pinned = _first_step_pinned(step, x, y)
+            if step.mode == "train":
+                _run(step, x, y)
+            peaks, before = [], []
+            for _ in range(MEASURED_STEPS):
+                with no_gc():  # cyclic garbage of the step before collected, none collected during the step
+                    tf.config.experimental.reset_memory_stats("CPU:0")
+                    before.append(_memory_info()["current"])
+                    _run(step, x, y)
+                    peaks.append(_memory_info()["peak"])
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False, **grappler})
+    return pinned, peaks, before
+
+
+def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
+    """Run the real step on TensorFlow's sequential executor and report the BFC allocator's peak (bytes in use).
+
+    Call in a fresh process that set ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow was imported and
+    called :func:`sequential_runtime` before TensorFlow ran its first op. The step's function is traced afresh
+    with its ops chained in the order the estimate replays (``pinned_schedule``), Grappler off (its constant
+    folding and dependency pruning would drop links of the chain; the estimate replays the graph as traced),
+    and runs on :data:`MEASURE_EXECUTOR` with oneDNN's kernels and graph rewrite as TensorFlow ships them; the
+    data become tensors first (live before the step, like the variables); 2 train steps (1 inference step)
+    warm up the function and the allocator; then each measured step runs between ``reset_memory_stats`` and a
+    read of ``peak``. Pinned, because the executor's own order follows heap addresses and its peak with it.
+
+    Raises:
+        MeasureError: the BFC allocator is not in use (its statistics read 0), or TensorFlow started with
+            other thread pools than :func:`sequential_runtime` sets (too few inter-op threads for the step's
+            nested function calls, more than one intra-op thread).
+    """
+    sequential_runtime()
+    trace = trace_step(step, meta=meta)
+    _check_pools(int(trace.meta.get("call_depth", 0)))  # type: ignore[call-overload]
+    x = keras.tree.map_structure(_owned_tensor, step.x)
+    y = keras.tree.map_structure(_owned_tensor, step.y) if step.y is not None else None
+    if _memory_info()["current"] <= 0:
+        raise MeasureError("TensorFlow's CPU allocator keeps no statistics: set TF_CPU_ALLOCATOR_USE_BFC=true "
+                           "in the environment before TensorFlow is imported")
+    pinned, peaks, before = _measured_steps(step, x, y)
+    peak = int(sorted(peaks)[len(peaks) // 2])
+    resident = int(sorted(before)[len(before) // 2])
+    schedule = ("ops pinned to the graph's construction order, Grappler off" if pinned else
+                "TensorFlow refused the pinned order (a kernel merge closed a cycle): the executor's own order, "
+                "which can change from process to process")
+    notes = (f"allocator peak: TensorFlow BFC bytes in use on the sequential executor ({MEASURE_EXECUTOR}; "
+             f"{schedule}), median of {MEASURED_STEPS} steps ({', '.join(f'{p:,}' for p in peaks)} B); "
+             f"{resident:,} B in use before the step (estimated resident: {trace.resident_bytes:,} B)",
+             "a plain train_on_batch runs Grappler's rewrites and an op order that follows heap addresses: its "
+             "peak can differ from this one and between processes (keras_separable_cnn train at batch 32: "
+             "20.1 to 30.5 MB in 22 processes, 20.1 MB pinned)",
+             "TensorFlow's default executor orders ready ops by their measured cost and runs while-loop "
+             "iterations concurrently: its peak moves with timing, most in recurrent training steps "
+             "(keras_lstm train: 3.3 to 15.6 MB against 4.7 MB here)")
+    estimated = report_from_trace(trace, source="estimate", model=name, device="cpu").peak_bytes
+    info = {**trace.meta, "method": "bfc_peak", "executor": MEASURE_EXECUTOR, "resident_measured": resident,
+            "schedule": "pinned" if pinned else "executor",
+            "peak_min": min(peaks), "peak_max": max(peaks), "estimated_peak": estimated}
+    trace = Trace(trace.framework, trace.mode, trace.blocks, trace.ops, trace.layers, info)
+    return report_from_trace(trace, source="measure", model=name, device="cpu",
+                             overrides={"allocator": peak}, notes=notes)

@@ -1,0 +1,150 @@
+"""TensorFlow's BFC ("best-fit with coalescing") allocator, replayed: the chunk each request is handed.
+
+Rules from ``tensorflow/core/common_runtime/bfc_allocator.h`` and ``bfc_allocator.cc``: requests round up to
+256 B; the smallest free chunk that fits serves a request and is split only when it is at least twice the
+request; a freed chunk merges with free neighbours of its region; a new region is added when nothing fits.
+The TensorFlow frontend (``nnmem.frontends.keras.tensorflow``) feeds it the step's buffers to learn the
+allocator level. Imports no framework.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+__all__ = ["BFC_MIN_ALLOCATION", "BFC_STEPS", "BFCAllocator", "bfc_round", "steady_state_chunks"]
+
+BFC_MIN_ALLOCATION = 256
+"""bfc_allocator.h: ``kMinAllocationSize = 256``, in bytes; every chunk is a multiple."""
+
+BFC_FIRST_REGION = 2 << 20
+"""bfc_allocator.cc, ``BFCAllocator::BFCAllocator``: with ``allow_growth`` the first region is 2 MiB, in bytes."""
+
+BFC_STEPS = 3
+"""Steps :func:`steady_state_chunks` replays; chunk sizes come from the last (the free chunks a step finds are
+those the previous step left: 2 warm-up steps and a measured one, as the TensorFlow measurement runs them)."""
+
+
+def bfc_round(nbytes: int) -> int:
+    """Bytes the BFC allocator hands out for a request of ``nbytes``: a multiple of 256, 0 for an empty tensor.
+
+    bfc_allocator.cc, ``BFCAllocator::RoundedBytes``.
+    """
+    if nbytes <= 0:
+        return 0
+    return -(-nbytes // BFC_MIN_ALLOCATION) * BFC_MIN_ALLOCATION
+
+
+class BFCAllocator:
+    """TensorFlow's BFC allocator for one device, replayed: which chunk each request gets, and the bytes in use.
+
+    A request is rounded up to 256 B and served by the smallest free chunk that fits (ties: lowest address;
+    ``BFCAllocator::FindChunkPtr`` over bins sorted by size, then address); the chunk is split only when it
+    is at least twice the request (``kMaxInternalFragmentationInBytes``, 128 MiB of waste, also splits it in
+    TensorFlow and is not modelled), otherwise the whole chunk is handed out and counts as in use. Freed
+    chunks merge with free neighbours of the same region (``FreeAndMaybeCoalesce``). With no fitting chunk a
+    region is added (``Extend``): ``curr_region_allocation_bytes_``, 2 MiB at first with ``allow_growth``,
+    doubled until the request fits, and doubled after each extension that did not need doubling.
+
+    Example:
+        >>> bfc = BFCAllocator()
+        >>> bfc.alloc(1_800_000)[1]  # the first 2 MiB region is under twice the request: handed out whole
+        2097152
+    """
+
+    def __init__(self) -> None:
+        self.chunks: dict[int, list[int]] = {}  # addr -> [size, in_use, region]
+        self.ends: dict[int, int] = {}  # end addr -> addr
+        self.free: list[tuple[int, int]] = []  # (size, addr), sorted
+        self.region = BFC_FIRST_REGION
+        self.regions = 0
+        self.in_use = 0
+
+    def _add_free(self, addr: int, size: int, region: int) -> None:
+        self.chunks[addr] = [size, 0, region]
+        self.ends[addr + size] = addr
+        insort(self.free, (size, addr))
+
+    def _take_free(self, addr: int) -> tuple[int, int]:
+        size, _, region = self.chunks.pop(addr)
+        del self.ends[addr + size]
+        self.free.pop(bisect_left(self.free, (size, addr)))
+        return size, region
+
+    def alloc(self, nbytes: int) -> tuple[int, int]:
+        """Serve a request of ``nbytes``; returns (address, chunk bytes)."""
+        want = max(BFC_MIN_ALLOCATION, bfc_round(nbytes))
+        at = bisect_left(self.free, (want, -1))
+        if at == len(self.free):
+            grew = False
+            while want > self.region:
+                self.region *= 2
+                grew = True
+            self.regions += 1
+            self._add_free(self.regions << 44, self.region, self.regions)
+            if not grew:
+                self.region *= 2
+            at = bisect_left(self.free, (want, -1))
+        size, addr = self.free[at]
+        size, region = self._take_free(addr)
+        if size >= 2 * want:
+            self._add_free(addr + want, size - want, region)
+            size = want
+        self.chunks[addr] = [size, 1, region]
+        self.ends[addr + size] = addr
+        self.in_use += size
+        return addr, size
+
+    def release(self, addr: int) -> None:
+        """Free the chunk at ``addr`` and merge it with free neighbours of its region."""
+        size, _, region = self.chunks.pop(addr)
+        del self.ends[addr + size]
+        self.in_use -= size
+        nxt = self.chunks.get(addr + size)
+        if nxt is not None and not nxt[1] and nxt[2] == region:
+            size += self._take_free(addr + size)[0]
+        prev = self.ends.get(addr)
+        if prev is not None and not self.chunks[prev][1] and self.chunks[prev][2] == region:
+            size += self._take_free(prev)[0]
+            addr = prev
+        self._add_free(addr, size, region)
+
+
+def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc_at: list[int],
+                        free_at: list[int], workspace: list[int]) -> tuple[list[int], list[int]]:
+    """The chunk each resident block and each step block gets in a steady-state step, in bytes.
+
+    Args:
+        resident: (bytes, temporaries) of each block live before the step, in creation order: a block is
+            created after ``temporaries`` buffers of its size (a variable's initializer's), freed after it,
+            which leave the holes later requests are fitted into.
+        sizes: bytes of each step block.
+        alloc_at: the op index that allocates each step block.
+        free_at: the op index after which each step block is freed (-1: after the last op).
+        workspace: bytes each op allocates and frees inside itself (0: none), one entry per op.
+
+    Returns:
+        (chunk bytes of each resident block, chunk bytes of each step block in the last of :data:`BFC_STEPS`).
+    """
+    bfc = BFCAllocator()
+    kept: list[int] = []
+    for nbytes, temporaries in resident:
+        held = [bfc.alloc(nbytes)[0] for _ in range(temporaries)]
+        kept.append(bfc.alloc(nbytes)[1])
+        for addr in reversed(held):
+            bfc.release(addr)
+    born: dict[int, list[int]] = {}
+    dying: dict[int, list[int]] = {}
+    for b, (a, f) in enumerate(zip(alloc_at, free_at)):
+        born.setdefault(a, []).append(b)
+        dying.setdefault(f if f >= 0 else len(workspace) - 1, []).append(b)
+    chunks = [0] * len(sizes)
+    for _ in range(BFC_STEPS):
+        addrs: dict[int, int] = {}
+        for i, scratch in enumerate(workspace):
+            for b in born.get(i, ()):
+                addrs[b], chunks[b] = bfc.alloc(sizes[b])
+            if scratch:
+                bfc.release(bfc.alloc(scratch)[0])
+            for b in dying.get(i, ()):
+                bfc.release(addrs[b])
+    return kept, chunks

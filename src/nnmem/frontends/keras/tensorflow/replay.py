@@ -1,0 +1,263 @@
+"""A TensorFlow function graph replayed the way the executor frees memory: the buffers of a step, op by op.
+
+Every output is a buffer of its static shape rounded to the BFC allocator's 256 B, freed after its last
+consumer has run (outputs nobody consumes die at once); :mod:`.scratch` says which ops alias, forward or
+allocate nothing. Control flow stays functional, as on TensorFlow's sequential executor
+(``common_runtime/single_threaded_executor.cc``): an ``If`` / ``While`` body is replayed on its own and its
+rise is the op's workspace; a forward ``While`` whose body pushes onto gradient accumulators
+(``TensorListPushBack``) keeps ``iterations ×`` the pushed tensors until the gradient loop consumes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from nnmem.allocators.bfc import bfc_round
+from nnmem.frontends.keras.tensorflow.scratch import Memory, rule_of, scratch_bytes, tensor_bytes
+from nnmem.trace import Phase
+
+__all__ = ["CALLERS", "WHILES", "Replay", "call_depth", "functions_of", "graph_rise", "while_loops"]
+
+WHILES = frozenset({"While", "StatelessWhile"})
+
+CALLERS = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
+           "While": ("cond", "body"), "StatelessWhile": ("cond", "body"), "PartitionedCall": ("f",),
+           "StatefulPartitionedCall": ("f",), "Case": (), "StatelessCase": ()}
+"""Ops that call functions, and the attributes naming them (a ``Case`` names its ``branches``)."""
+
+
+@dataclass
+class _Buf:
+    """A buffer during the replay: its size, its block, and how many consumers still hold it."""
+
+    nbytes: int
+    block: int
+    holders: int
+    owned: bool  # allocated by the step (not a variable, input or constant), so it can be freed/forwarded
+
+
+class Replay:
+    """Replays one graph: which op allocates which buffer and after which op each buffer dies.
+
+    Attributes:
+        sizes: bytes of each block (a BFC request, rounded to 256 B).
+        alloc_at: the index of the op that allocates each block.
+        free_at: the index of the op after which each block is freed (-1: live after the last op).
+        layers: the layer of the op that allocates each block.
+        ops: (name, phase, layer, workspace in bytes) of each op replayed.
+    """
+
+    def __init__(self, functions: dict[str, Any]) -> None:
+        self.functions = functions
+        self.sizes: list[int] = []
+        self.alloc_at: list[int] = []
+        self.free_at: list[int] = []
+        self.layers: list[str] = []
+        self.ops: list[tuple[str, Phase, str, int]] = []  # (name, phase, layer, workspace)
+
+    def run(self, ops: list[Any], external: set[str], where: list[tuple[Phase, str]],
+            keep: Iterable[str] = ()) -> None:
+        """Replay ``ops`` in order.
+
+        Args:
+            ops: the graph's ops in execution order.
+            external: names of tensors owned outside the graph (arguments).
+            where: each op's (phase, layer).
+            keep: names of the graph's results, live after the last op.
+        """
+        consumers: dict[str, int] = dict.fromkeys(keep, 1)
+        for op in ops:
+            for t in op.inputs:
+                consumers[t.name] = consumers.get(t.name, 0) + 1
+        bufs: dict[str, _Buf] = {}
+        for index, op in enumerate(ops):
+            phase, layer = where[index]
+            workspace = self._workspace(op)
+            ins = [bufs.get(t.name) for t in op.inputs]
+            for k, t in enumerate(op.outputs):
+                bufs[t.name] = self._output(op, k, t, ins, consumers.get(t.name, 0), index, layer, external)
+            for buf in ins:
+                if buf is not None:
+                    buf.holders -= 1
+                    self._maybe_free(buf, index)
+            for t in op.outputs:
+                self._maybe_free(bufs[t.name], index)
+            self.ops.append((op.name, phase, layer, workspace))
+
+    def _maybe_free(self, buf: _Buf, index: int) -> None:
+        if buf.owned and buf.holders <= 0 and self.free_at[buf.block] < 0:
+            self.free_at[buf.block] = index
+
+    def _new(self, nbytes: int, index: int, layer: str) -> int:
+        self.sizes.append(bfc_round(nbytes))
+        self.alloc_at.append(index)
+        self.free_at.append(-1)
+        self.layers.append(layer)
+        return len(self.sizes) - 1
+
+    def _output(self, op: Any, k: int, t: Any, ins: list[_Buf | None], uses: int, index: int, layer: str,
+                external: set[str]) -> _Buf:
+        kind = op.type
+        rule = rule_of(kind)
+        if t.name in external or rule.memory is Memory.NONE:
+            return _Buf(0, -1, uses, False)
+        if rule.memory is Memory.VIEW:
+            src = ins[k] if kind == "IdentityN" and k < len(ins) else (ins[0] if ins else None)
+            if src is None or not src.owned:
+                return _Buf(0, -1, uses, False)
+            src.holders += uses  # the view keeps the source alive through its own consumers
+            return src
+        if kind in WHILES:
+            nbytes = self._accumulated(op, k)
+        elif rule.output_bytes is not None:
+            nbytes = rule.output_bytes(op, k)
+        else:
+            nbytes = tensor_bytes(t)
+        if rule.memory is Memory.IN_PLACE and k == 0:
+            for buf in ins:
+                if buf is not None and buf.owned and buf.holders == 1 and buf.nbytes == bfc_round(nbytes):
+                    buf.holders += uses  # written in place: this op held the last reference
+                    return buf
+        if nbytes == 0:
+            return _Buf(0, -1, uses, False)
+        return _Buf(bfc_round(nbytes), self._new(nbytes, index, layer), uses, True)
+
+    def _accumulated(self, op: Any, k: int) -> int:
+        """Bytes a While output holds: its static size, or iterations × what the body pushes onto it."""
+        t = op.outputs[k]
+        if t.dtype != tf.variant:
+            return tensor_bytes(t)
+        body = self._body(op, "body")
+        if body is None:
+            return 0
+        out = body.outputs[k] if k < len(body.outputs) else None
+        if out is None or out.op.type != "TensorListPushBack":
+            return 0
+        pushed = out.op.inputs[1]
+        carried = _carried_state(body, pushed)
+        if carried:  # a loop variable the body recomputes: each iteration pushes the previous one's value
+            return (_iterations(op) - 1) * bfc_round(tensor_bytes(pushed))
+        if _is_alias_of_variable(pushed):
+            return 0
+        return _iterations(op) * bfc_round(tensor_bytes(pushed))
+
+    def _body(self, op: Any, attr: str) -> Any:
+        try:
+            name = op.get_attr(attr).name
+        except (ValueError, AttributeError):
+            return None
+        fn = self.functions.get(name)
+        return getattr(fn, "graph", None) if fn is not None else None
+
+    def _workspace(self, op: Any) -> int:
+        """The kernel's scratch or the rise of a called graph (If branch, While body, function), in bytes."""
+        rise = scratch_bytes(op)
+        for attr in CALLERS.get(op.type, ()):  # a While's cond rises too, by a scalar
+            graph = self._body(op, attr)
+            if graph is not None:
+                rise = max(rise, graph_rise(graph, self.functions))
+        return rise
+
+
+def _through_views(t: Any) -> Any:
+    """The tensor ``t`` is a view of, through identities and reshapes."""
+    while t.op.type in ("Identity", "Reshape", "ExpandDims", "Squeeze"):
+        t = t.op.inputs[0]
+    return t
+
+
+def _carried_state(body: Any, t: Any) -> bool:
+    """Whether ``t`` is (a view of) a loop variable of ``body`` whose next value the body computes.
+
+    Such a variable (an RNN's ``h`` and ``c``) is a new tensor every iteration, so pushing it onto a gradient
+    accumulator keeps one per iteration after the first (whose value is the loop's input, live anyway);
+    a loop invariant passed through unchanged is one buffer.
+    """
+    t = _through_views(t)
+    names = [x.name for x in body.inputs]
+    if t.op.type != "Placeholder" or t.name not in names:
+        return False
+    k = names.index(t.name)
+    if k >= len(body.outputs):
+        return False
+    nxt = body.outputs[k]
+    while nxt.op.type in ("Identity", "IdentityN") and nxt.name != t.name:
+        nxt = nxt.op.inputs[0] if nxt.op.type == "Identity" else nxt.op.inputs[nxt.value_index]
+    return nxt.name != t.name
+
+
+def _is_alias_of_variable(t: Any) -> bool:
+    """Whether ``t`` is (a view of) a variable read, an argument, a constant or a list element: held anyway."""
+    t = _through_views(t)
+    return bool(t.op.type in ("ReadVariableOp", "Placeholder", "Const", "TensorListGetItem"))
+
+
+def _iterations(op: Any) -> int:
+    """A While op's trip count: its ``maximum_iterations`` loop variable (index 1) when constant."""
+    from tensorflow.python.framework import tensor_util
+
+    try:
+        value = tensor_util.constant_value(op.inputs[1])
+    except (TypeError, ValueError, IndexError):
+        value = None
+    if value is None:
+        src = op.inputs[1].op
+        if src.type == "Max" and src.inputs:  # Keras rnn: max(time_steps) over a constant
+            value = tensor_util.constant_value(src.inputs[0])
+            value = None if value is None else np.max(value)
+    return int(value) if value is not None and int(value) > 0 else 1
+
+
+def graph_rise(graph: Any, functions: dict[str, Any]) -> int:
+    """Peak bytes a function body allocates on top of its arguments, replayed once."""
+    replay = Replay(functions)
+    ops = graph.get_operations()
+    replay.run(ops, {t.name for t in graph.inputs}, [(Phase.FORWARD, "")] * len(ops))
+    live = peak = 0
+    for index in range(len(replay.ops)):
+        live += sum(s for s, a in zip(replay.sizes, replay.alloc_at) if a == index)
+        peak = max(peak, live)
+        live -= sum(s for s, f in zip(replay.sizes, replay.free_at) if f == index)
+    return peak
+
+
+def call_depth(graph: Any, functions: dict[str, Any], seen: frozenset[str] = frozenset()) -> int:
+    """How deep the graph nests function calls (an ``If`` in a ``PartitionedCall``: 2)."""
+    depth = 0
+    for op in graph.get_operations():
+        if op.type not in CALLERS:
+            continue
+        names = [op.get_attr(a).name for a in CALLERS[op.type]] if CALLERS[op.type] else \
+            [f.name for f in op.get_attr("branches")]
+        inner = 0
+        for name in names:
+            fn = functions.get(name)
+            if fn is not None and name not in seen and getattr(fn, "graph", None) is not None:
+                inner = max(inner, call_depth(fn.graph, functions, seen | {name}))
+        depth = max(depth, 1 + inner)
+    return depth
+
+
+def functions_of(graph: Any) -> dict[str, Any]:
+    """Every function the graph calls, nested ones included (name → AtomicFunction)."""
+    out: dict[str, Any] = {}
+    pending = [graph]
+    while pending:
+        g = pending.pop()
+        for name, fn in getattr(g, "_functions", {}).items():
+            if name not in out:
+                out[name] = fn
+                if getattr(fn, "graph", None) is not None:
+                    pending.append(fn.graph)
+    return out
+
+
+def while_loops(graph: Any, functions: dict[str, Any]) -> int:
+    """``While`` ops in the graph and in every function it calls."""
+    graphs = [graph, *(getattr(f, "graph", None) for f in functions.values())]
+    return sum(op.type in WHILES for g in graphs if g is not None for op in g.get_operations())

@@ -1,0 +1,155 @@
+"""The order a TensorFlow function graph's ops run in, as the estimate replays it and the measurement pins it.
+
+Ops run in graph-construction order, one at a time, each after its inputs and control inputs, the halves of a
+kernel oneDNN may merge (``MklLayoutRewritePass``) back to back; ops nothing depends on are pruned as the
+function runtime does (``PruneFunctionBody``). Left alone, TensorFlow's sequential executor runs a reverse
+post-order whose ties follow the hash of ``Edge`` pointers (``EdgeSet`` is a pointer-keyed set past 8 edges),
+so independent kernels swap places from process to process; :func:`pinned_schedule` chains the ops of every
+traced function with control edges in this order, leaving the executor one order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from nnmem.errors import TraceError
+
+__all__ = ["UNPINNED", "execution_order", "pin", "pinned_schedule", "reachable"]
+
+_FUSED_PRODUCERS = frozenset({"Conv2D", "DepthwiseConv2dNative", "Conv3D", "MatMul", "Pad", "_FusedConv2D"})
+_FUSED_CONSUMERS = frozenset({"BiasAdd", "Conv2D", "DepthwiseConv2dNative", "_FusedConv2D"})
+_FUSED_FILTER_GRADS = frozenset({"Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter",
+                                 "Conv3DBackpropFilterV2", "MatMul"})
+"""Kernels oneDNN's graph rewrite (``MklLayoutRewritePass``, TensorFlow's default on x86) may merge into one:
+a convolution or matmul with the ``BiasAdd`` (or a ``Pad`` with the convolution) that alone consumes its
+output, and a filter gradient with the ``BiasAddGrad`` of the same incoming gradient. They run back to back
+here: a merged kernel with another op ordered between its halves would close a cycle."""
+
+UNPINNED = frozenset({"Placeholder", "Const"})
+"""Ops the pinned schedule leaves out of its chain: a function's arguments and constants run before any kernel."""
+
+
+def reachable(graph: Any) -> set[str]:
+    """Names of the ops the function runs: those its results or its side effects depend on.
+
+    The function runtime prunes the rest (``PruneFunctionBody``), e.g. gradients toward frozen layers.
+    """
+    pending = [t.op for t in graph.outputs] + list(getattr(graph, "control_outputs", []))
+    pending += [op for op in graph.get_operations() if op.type.startswith(("Assign", "ResourceApply"))]
+    seen: set[str] = set()
+    while pending:
+        op = pending.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        pending.extend(t.op for t in op.inputs)
+        pending.extend(op.control_inputs)
+    return seen
+
+
+def _fusion_groups(ops: list[Any]) -> list[int]:
+    """For each op, the index of the first op of the group it runs with (itself when alone)."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    head = list(range(len(ops)))
+
+    def find(i: int) -> int:
+        while head[i] != i:
+            i = head[i]
+        return i
+
+    def join(i: int, j: int) -> None:
+        a, b = find(i), find(j)
+        head[max(a, b)] = min(a, b)
+
+    for j, op in enumerate(ops):
+        if op.type in _FUSED_CONSUMERS and op.inputs:
+            producer = op.inputs[0].op
+            if producer.type in _FUSED_PRODUCERS and producer.name in index and \
+                    sum(len(t.consumers()) for t in producer.outputs) == 1:
+                join(index[producer.name], j)
+        if op.type == "BiasAddGrad" and op.inputs:
+            grad = op.inputs[0]
+            for sibling in grad.consumers():
+                if sibling.type in _FUSED_FILTER_GRADS and sibling.name in index and \
+                        any(t is grad for t in sibling.inputs):
+                    join(index[sibling.name], j)
+    return [find(i) for i in range(len(ops))]
+
+
+def execution_order(graph: Any, kept: set[str]) -> list[Any]:
+    """The ops in ``kept`` in construction order, each moved after its inputs and control inputs, and the
+    halves of a kernel oneDNN may merge (:data:`_FUSED_PRODUCERS`) back to back.
+
+    Construction order is topological but for the few ops that get a control input afterwards (the function's
+    output ``Identity`` waits on the ``NoOp`` that groups its side effects): Kahn's sort over the groups of
+    :func:`_fusion_groups`, the earliest constructed ready group first. Groups that would close a cycle are
+    taken apart.
+    """
+    ops = [op for op in graph.get_operations() if op.name in kept]
+    for group_of in (_fusion_groups(ops), list(range(len(ops)))):
+        order = _kahn(ops, group_of)
+        if order is not None:
+            return order
+    raise TraceError(f"the graph of {graph.name!r} has a cycle")  # a graph TensorFlow traced has none
+
+
+def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
+    """Kahn's topological sort of the groups, lowest group index first; None when the groups form a cycle."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group_of):
+        members.setdefault(g, []).append(i)
+    users: dict[int, list[int]] = {g: [] for g in members}
+    waiting = dict.fromkeys(members, 0)
+    for i, op in enumerate(ops):
+        before = {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}
+        for name in before:
+            if name in index and group_of[index[name]] != group_of[i]:
+                users[group_of[index[name]]].append(group_of[i])
+                waiting[group_of[i]] += 1
+    ready = [g for g, w in waiting.items() if w == 0]
+    heapq.heapify(ready)
+    order: list[Any] = []
+    while ready:
+        g = heapq.heappop(ready)
+        order.extend(ops[i] for i in members[g])
+        for u in users[g]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    return order if len(order) == len(ops) else None
+
+
+def pin(graph: Any) -> None:
+    """Chain the ops of a traced function graph with control edges in :func:`execution_order`."""
+    previous = None
+    for op in execution_order(graph, reachable(graph)):
+        if op.type in UNPINNED:
+            continue
+        if previous is not None and previous not in op.control_inputs and \
+                all(t.op is not previous for t in op.inputs):
+            op._add_control_input(previous)  # the public API adds control edges only while an op is created
+        previous = op
+
+
+@contextmanager
+def pinned_schedule() -> Iterator[None]:
+    """While inside, every function graph TensorFlow traces (the step's, its ``If`` branches and ``While`` bodies)
+    is chained by :func:`pin` before it becomes a function."""
+    from tensorflow.python.framework import func_graph
+
+    original = func_graph.func_graph_from_py_func
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        graph = original(*args, **kwargs)
+        pin(graph)
+        return graph
+
+    func_graph.func_graph_from_py_func = traced
+    try:
+        yield
+    finally:
+        func_graph.func_graph_from_py_func = original

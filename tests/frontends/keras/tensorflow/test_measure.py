@@ -1,0 +1,101 @@
+"""The Keras frontend on TensorFlow, measured: the BFC allocator's real peak against the estimate of the same step."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+if os.environ.get("KERAS_BACKEND") != "tensorflow":
+    pytest.skip("needs KERAS_BACKEND=tensorflow", allow_module_level=True)
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+import tensorflow as tf  # noqa: E402
+
+from nnmem.errors import MeasureError  # noqa: E402
+from nnmem.frontends.keras.tensorflow import measure  # noqa: E402
+from nnmem.runner.child import run_in_child  # noqa: E402
+from nnmem.zoo.keras_models import FACTORIES  # noqa: E402
+
+BATCH = 8
+LIMIT = 0.15  # the issue's per-case maximum error against the BFC peak (sequential executor)
+
+CASES = [pytest.param(name, mode, id=f"{name}-{mode}") for name in FACTORIES for mode in ("train", "infer")]
+
+RUNS = 2
+"""Fresh processes each accuracy case is measured in. With the schedule pinned most peaks repeat to the byte;
+a few still move by a chunk or two with the holes the setup leaves (keras_separable_cnn infer: 3,043,840 or
+3,142,144 B), so a case passes when the estimate is within :data:`LIMIT` of a peak the step really reached in one
+of the runs."""
+
+
+@functools.cache
+def _measured(name: str, mode: str) -> tuple[int, tuple[int, ...], str]:
+    """(estimated peak, each run's measured peak, schedule) of one zoo step, :data:`RUNS` fresh processes."""
+    import nnmem
+
+    report = nnmem.measure(name, mode=mode, optimizer="adam" if mode == "train" else None, batch=BATCH,
+                           runs=RUNS, timeout_s=240)
+    return (int(report.meta["estimated_peak"]), tuple(int(p) for p in report.meta["runs_peaks"]),
+            str(report.meta["schedule"]))
+
+
+def test_bfc_allocator_is_on() -> None:
+    ones = tf.ones((1024,)) * 2.0  # computed on the CPU device: allocated by its allocator
+    assert tf.config.experimental.get_memory_info("CPU:0")["current"] >= ones.shape[0] * 4, "BFC not in use"
+
+
+@pytest.mark.accuracy
+@pytest.mark.parametrize(("name", "mode"), CASES)
+def test_estimate_matches_bfc_peak(name: str, mode: str) -> None:
+    estimated, peaks, schedule = _measured(name, mode)
+    assert schedule == "pinned"
+    closest = min(peaks, key=lambda p: abs(estimated - p) / p)
+    assert abs(estimated - closest) <= LIMIT * closest, (
+        f"estimated {estimated:,} B, measured {', '.join(f'{p:,}' for p in peaks)} B in {RUNS} processes "
+        f"({(estimated - closest) / closest:+.1%} from the closest)")
+
+
+def test_measure_refuses_a_runtime_with_parallel_kernels(zoo_step: Callable[..., Any]) -> None:
+    tf.constant(1.0) + 1.0  # this process started TensorFlow with its default thread pools
+    if tf.config.threading.get_intra_op_parallelism_threads() == measure.MEASURE_INTRA_OP_THREADS:
+        pytest.skip("this process runs the measurement's thread pools")
+    with pytest.raises(MeasureError, match="intra-op thread"):
+        measure.measure_step(zoo_step("keras_mlp", "infer", BATCH), name="keras_mlp", meta={})
+
+
+def test_measure_refuses_a_pool_too_small_for_nested_calls(zoo_step: Callable[..., Any]) -> None:
+    """The sequential executor blocks an inter-op thread per nested call: too few threads would deadlock."""
+
+    def work() -> str:
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        os.environ["KERAS_BACKEND"] = "tensorflow"
+        import tensorflow as tf_child
+
+        from nnmem.errors import MeasureError as Refused
+        from nnmem.frontends.keras.tensorflow import measure as backend
+
+        tf_child.config.threading.set_inter_op_parallelism_threads(1)
+        tf_child.config.threading.set_intra_op_parallelism_threads(1)
+        try:
+            backend.measure_step(zoo_step("keras_mixed_float16", "train", BATCH), name="keras_mixed_float16",
+                                 meta={})
+        except Refused as err:
+            return str(err)
+        return "measured"
+
+    message: str = run_in_child(work, timeout_s=240)
+    assert "nests function calls" in message
+    assert "nnmem.frontends.keras.tensorflow.measure.sequential_runtime()" in message
+
+
+@pytest.mark.accuracy
+def test_pinned_schedule_repeats_between_processes() -> None:
+    """Unpinned, this step peaked anywhere from 6.30 to 8.14 MB at batch 8 (16 processes): its backward kernels
+    ran in an order that followed heap addresses. Pinned, every process runs the same order."""
+    _, peaks, _ = _measured("keras_separable_cnn", "train")
+    assert max(peaks) - min(peaks) <= 0.01 * min(peaks), peaks
