@@ -56,7 +56,8 @@ def _fit(batch: int, peak: int) -> FitResult:
 
 def _explanation() -> Explanation:
     train = ModeFigures("train", 600_000, 3_000, {"saved activations": 2_000, "activations": 1_000},
-                        {"parameters": 200_000, "gradients": 200_000, "optimizer state": 200_000}, _fit(1200, 4_200_000))
+                        {"parameters": 200_000, "gradients": 200_000, "optimizer state": 200_000},
+                        _fit(1200, 4_200_000))
     infer = ModeFigures("infer", 200_000, 1_000, {"activations": 1_000}, {"parameters": 200_000}, _fit(4200, 4_400_000))
     return Explanation(train, infer, 200_000, (("fc1", 1_024), ("fc2", 512)), 1 << 30, model="mlp")
 

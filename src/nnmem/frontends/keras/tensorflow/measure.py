@@ -199,11 +199,9 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
              f"{schedule}), median of {MEASURED_STEPS} steps ({', '.join(f'{p:,}' for p in peaks)} B); "
              f"{resident:,} B in use before the step (estimated resident: {trace.resident_bytes:,} B)",
              "a plain train_on_batch runs Grappler's rewrites and an op order that follows heap addresses: its "
-             "peak can differ from this one and between processes (keras_separable_cnn train at batch 32: "
-             "20.1 to 30.5 MB in 22 processes, 20.1 MB pinned)",
+             "peak can differ from this one and between processes (`nnmem measure --runs N` shows the spread)",
              "TensorFlow's default executor orders ready ops by their measured cost and runs while-loop "
-             "iterations concurrently: its peak moves with timing, most in recurrent training steps "
-             "(keras_lstm train: 3.3 to 15.6 MB against 4.7 MB here)")
+             "iterations concurrently: its peak moves with timing, most in recurrent training steps")
     estimated = report_from_trace(trace, source="estimate", model=name, device="cpu").peak_bytes
     info = {**trace.meta, "method": "bfc_peak", "executor": MEASURE_EXECUTOR, "resident_measured": resident,
             "schedule": "pinned" if pinned else "executor",
