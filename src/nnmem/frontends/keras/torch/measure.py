@@ -1,3 +1,62 @@
-"""Interim: the real run still lives in trace.py until the split lands."""
+"""Measure a real Keras step on torch (CPU) with the PyTorch frontend's protocol.
 
-from nnmem.frontends.keras.torch.trace import *  # noqa: F401,F403
+Warm-up (2 steps for train, 1 for infer); the tensor level from one step under the same tracker as the estimate,
+over real tensors; the allocator level from the torch profiler's ``[memory]`` events of a profiled step after a
+profiled priming one (:func:`nnmem.frontends.pytorch.measure.allocator_rise`), on top of the bytes of the live
+storages before it: every Keras variable, its gradient, and the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nnmem.frontends.keras.common import KerasStep, flat_arrays
+from nnmem.frontends.keras.torch.trace import all_variables, as_torch, call_step, trace_call
+from nnmem.frontends.pytorch.measure import _quiet_stderr, allocator_rise, storage_bytes
+from nnmem.report.model import Report, report_from_trace
+
+__all__ = ["measure_step", "live_variable_bytes"]
+
+
+def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
+    """Run the Keras step for real (call inside a child process): tensor level by the tracker, allocator by the
+    profiler's ``[memory]`` events (the profiled steps run without the tracker)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = as_torch(step.x, lambda a: torch.as_tensor(a))
+    y = as_torch(step.y, lambda a: torch.as_tensor(a))
+    for _ in range(2 if step.mode == "train" else 1):
+        call_step(step, x, y)
+    trace = trace_call(step, x, y, None, meta)
+    resident = _live_bytes(step, x, y)
+    with _quiet_stderr():
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+            call_step(step, x, y)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            call_step(step, x, y)
+    notes: tuple[str, ...] = ()
+    if resident != trace.resident_bytes:
+        notes = (f"live storages before the step: {resident} B counted directly, "
+                 f"{trace.resident_bytes} B by the tracker",)
+    return report_from_trace(trace, source="measure", model=name, device="cpu",
+                             overrides={"allocator": resident + allocator_rise(prof)}, notes=notes)
+
+
+def live_variable_bytes(model: Any) -> int:
+    """Bytes of the storages of every Keras variable (model, optimizer, metrics) and their gradients."""
+    return storage_bytes(_variable_tensors(model))
+
+
+def _variable_tensors(model: Any) -> list[Any]:
+    tensors: list[Any] = []
+    for v in all_variables(model):
+        tensors.append(v._value)
+        if v._value.grad is not None:
+            tensors.append(v._value.grad)
+    return tensors
+
+
+def _live_bytes(step: KerasStep, x: Any, y: Any) -> int:
+    return storage_bytes([*_variable_tensors(step.model), *flat_arrays((x, y))])

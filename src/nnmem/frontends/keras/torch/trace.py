@@ -1,19 +1,13 @@
-"""The Keras frontend on the torch backend: trace ``train_on_batch`` / ``predict_on_batch`` under fake tensors.
+"""Estimate a Keras step on torch: trace ``train_on_batch`` / ``predict_on_batch`` under fake tensors.
 
-A Keras model cannot be built under FakeTensorMode, so it is built for real (its variables only) and its
-step is traced with fake tensors: every Keras variable's torch Parameter (model, optimizer, metrics) is
-swapped for a fake one for the trace and put back afterwards, the data become fake tensors, and the same
-storage-level :class:`StepTracker` as the PyTorch frontend records the step, with the same CPU kernel
-workspace rules (the ops are aten ops either way). Layers are named by wrapping ``Layer.__call__``;
-phases come from ``Tensor.backward`` and ``optimizer.apply``.
-
-Python's cyclic garbage collector: Keras leaves some layer outputs in reference cycles (closures of the
-functional graph), which CPython frees only when the collector runs, so the peak of a step varies between
-runs by up to the size of those outputs. Estimate and measurement therefore use one convention: the step
-starts after ``gc.collect()`` and the collector does not run inside it (:func:`nnmem.frontends.keras.common.no_gc`).
-
-Steady state as Keras has it on torch: the torch trainer zeroes gradients *after* the forward pass
-(``self.zero_grad()`` in ``train_step``), so the previous step's gradients are live through the forward.
+A Keras model cannot be built under FakeTensorMode, so it is built for real (its variables only); for the trace
+every Keras variable's torch Parameter (model, optimizer, metrics) is swapped for a fake one and put back
+afterwards, the data become fake tensors, and the PyTorch frontend's storage-level :class:`StepTracker` records
+the aten ops with the rules of :mod:`.scratch`. Layers are named by wrapping ``Layer.__call__``; phases come from
+``Tensor.backward`` and ``optimizer.apply``. The step starts after ``gc.collect()`` and the collector does not run
+inside it (:func:`nnmem.frontends.keras.common.no_gc`): Keras leaves some layer outputs in reference cycles. As the
+torch trainer has it (``keras/src/backend/torch/trainer.py``, ``train_step``), gradients are zeroed *after* the
+forward pass, so the previous step's gradients are live through it.
 """
 
 from __future__ import annotations
@@ -28,18 +22,13 @@ import torch
 
 from nnmem.errors import TraceError
 from nnmem.frontends.keras.common import KerasStep, flat_arrays, layer_infos, no_gc, resident_variables
-from nnmem.frontends.pytorch.measure import _quiet_stderr, allocator_rise, storage_bytes
+from nnmem.frontends.keras.torch.scratch import RULES
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
-from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Category, Phase, Trace
 
-__all__ = ["trace_step", "measure_step"]
+__all__ = ["trace_step", "KerasTracker", "all_variables", "as_torch", "call_step", "trace_call"]
 
-
-def _rules() -> OpRules | None:
-    from nnmem.frontends.pytorch import workspace
-
-    return workspace.RULES  # type: ignore[return-value]
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 
 
 class KerasTracker(StepTracker):
@@ -80,9 +69,6 @@ class KerasTracker(StepTracker):
             keras.layers.Layer.__call__ = original  # type: ignore[method-assign]
 
 
-_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
-
-
 def _is_fake(t: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -118,7 +104,8 @@ def _phases(tracker: StepTracker, model: Any) -> Iterator[None]:
         yield
 
 
-def _all_variables(model: Any) -> list[Any]:
+def all_variables(model: Any) -> list[Any]:
+    """Every Keras variable of the model, its built optimizer and its metrics, once each."""
     seen: dict[int, Any] = {}
     opt = getattr(model, "optimizer", None)
     for v in [*model.variables, *(opt.variables if opt is not None and opt.built else []),
@@ -132,7 +119,7 @@ def _fake_variables(model: Any, make: Callable[[torch.Tensor], torch.Tensor]) ->
     """Swap every Keras variable's torch value (and the modules' registered Parameters) for ``make(value)``."""
     swapped: dict[int, torch.nn.Parameter] = {}
     restore: list[tuple[Any, Any]] = []
-    for v in _all_variables(model):
+    for v in all_variables(model):
         old = v._value
         if not isinstance(old, torch.Tensor):
             continue
@@ -159,7 +146,8 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
 
 
-def _as_torch(value: Any, make: Callable[[Any], torch.Tensor]) -> Any:
+def as_torch(value: Any, make: Callable[[Any], torch.Tensor]) -> Any:
+    """``make`` applied to each array of a Keras data structure (None stays None)."""
     return keras.tree.map_structure(make, value) if value is not None else None
 
 
@@ -173,7 +161,12 @@ def _run(step: KerasStep, x: Any, y: Any) -> None:
             model.predict_function([(x,)])
 
 
-def _call(step: KerasStep, x: Any, y: Any) -> None:
+def call_step(step: KerasStep, x: Any, y: Any) -> None:
+    """Run the step once on ``x`` and ``y`` with the garbage collector off.
+
+    Raises:
+        TraceError: the model rejects the inputs.
+    """
     try:
         with no_gc():
             _run(step, x, y)
@@ -193,14 +186,15 @@ def _register(tracker: StepTracker, step: KerasStep, x: Any, y: Any) -> None:
             tracker.add_resident(leaf, Category.INPUTS)
 
 
-def _traced(step: KerasStep, x: Any, y: Any, rules: OpRules | None, meta: dict[str, object]) -> Trace:
+def trace_call(step: KerasStep, x: Any, y: Any, rules: OpRules | None, meta: dict[str, object]) -> Trace:
+    """Trace one call of the step on ``x`` and ``y`` (fake tensors with ``rules``, or real ones without)."""
     tracker = KerasTracker(rules)
     tracker.training = step.mode == "train"
     _register(tracker, step, x, y)
     owner = {id(v._value): layer for v, _, layer in resident_variables(step.model, step.mode)}
     with tracker, tracker.layer_hooks(), _phases(tracker, step.model):
         tracker.begin(Phase.FORWARD)
-        _call(step, x, y)
+        call_step(step, x, y)
     if step.mode == "train":
         for v in step.model.trainable_variables:
             grad = v._value.grad
@@ -216,13 +210,13 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
 
     model = step.model
     with FakeTensorMode(allow_non_fake_inputs=True), _fake_variables(model, _empty_like):
-        x = _as_torch(step.x, _fake_data)
-        y = _as_torch(step.y, _fake_data)
+        x = as_torch(step.x, _fake_data)
+        y = as_torch(step.y, _fake_data)
         if step.mode == "train":
             for v in model.trainable_variables:  # the previous step's gradients, live until after the forward
                 v._value.grad = torch.zeros_like(v._value)
         try:
-            return _traced(step, x, y, _rules(), meta)
+            return trace_call(step, x, y, RULES, meta)
         finally:
             for v in model.trainable_variables:
                 v._value.grad = None
@@ -238,46 +232,3 @@ def _torch_dtype(a: Any) -> torch.dtype:
         return a.dtype
     name = keras.backend.standardize_dtype(a.dtype)
     return getattr(torch, name)  # type: ignore[no-any-return]
-
-
-def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
-    """Run the Keras step for real (call inside a child process): tensor level by the tracker, allocator by the
-    profiler's ``[memory]`` events (the profiled steps run without the tracker)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    x = _as_torch(step.x, lambda a: torch.as_tensor(a))
-    y = _as_torch(step.y, lambda a: torch.as_tensor(a))
-    for _ in range(2 if step.mode == "train" else 1):
-        _call(step, x, y)
-    trace = _traced(step, x, y, None, meta)
-    resident = _live_bytes(step, x, y)
-    with _quiet_stderr():
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
-            _call(step, x, y)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            _call(step, x, y)
-    notes: tuple[str, ...] = ()
-    if resident != trace.resident_bytes:
-        notes = (f"live storages before the step: {resident} B counted directly, "
-                 f"{trace.resident_bytes} B by the tracker",)
-    return report_from_trace(trace, source="measure", model=name, device="cpu",
-                             overrides={"allocator": resident + allocator_rise(prof)}, notes=notes)
-
-
-def live_variable_bytes(model: Any) -> int:
-    """Bytes of the storages of every Keras variable (model, optimizer, metrics) and their gradients."""
-    return storage_bytes(_variable_tensors(model))
-
-
-def _variable_tensors(model: Any) -> list[Any]:
-    tensors: list[Any] = []
-    for v in _all_variables(model):
-        tensors.append(v._value)
-        if v._value.grad is not None:
-            tensors.append(v._value.grad)
-    return tensors
-
-
-def _live_bytes(step: KerasStep, x: Any, y: Any) -> int:
-    return storage_bytes([*_variable_tensors(step.model), *flat_arrays((x, y))])
-

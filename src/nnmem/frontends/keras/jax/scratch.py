@@ -1,0 +1,210 @@
+"""Scratch XLA:CPU allocates beside its buffer assignment, one rule per kind of HLO instruction.
+
+XLA's temporaries are one block live for the whole execute call; each top-level instruction of the entry
+computation adds its scratch on top: XLA's own (Eigen) convolutions and dots, and YNNPACK fusions, whose
+convolutions, dots and reductions have rules of their own. An execute call also mallocs per buffer
+(:func:`runtime_bookkeeping`). Each rule names the XLA / Eigen / YNNPACK source it follows; its sizes were
+counted with the malloc counter of :mod:`nnmem.frontends.keras.jax.measure` on single jitted ops (the data:
+``docs/backends/keras-jax.md``, "Calibration notes"). Rules read only the HLO text (:mod:`.hlo`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nnmem.frontends.keras.jax.hlo import (
+    NO_BUFFER,
+    Conv,
+    Instruction,
+    Module,
+    conv,
+    nbytes,
+    only_reinterpreted,
+    shape,
+    through_reinterpret,
+)
+
+__all__ = ["fusion_workspace", "runtime_bookkeeping"]
+
+_EIGEN_PACKING = 74_184
+"""Bytes of Eigen's contraction packing buffer, beside a convolution's im2col buffer and in XLA's own dots
+(calibrated on single 3x3 and 5x5 convolutions and on keras_mlp's weight-gradient dots)."""
+_YNN_BLOCK = 128 * 1024
+"""Bytes of a YNNPACK packing / tiling block, one per worker thread (calibrated: 131,144 B mallocs)."""
+_DOT_PACK_ROWS = 64
+"""Rows from which a YNNPACK dot packs its right operand (calibrated: 8 rows pack nothing, 64 and 512 do)."""
+_YNN_FUSION = "__ynn_fusion"
+"""The ``fusion_config`` kind of a fusion XLA:CPU hands to YNNPACK (``kYnnFusionKind``,
+``xla/backends/cpu/ynn_support.h``)."""
+
+# Runtime bookkeeping of one execute call (``runtime_bookkeeping``), least-squares fit of jitted functions of
+# k float32[16] arrays, k = 4, 16, 64: k aliased pairs, k inputs to one output, one input to k outputs.
+_CALL_BASE = 154
+"""Bytes an execute call allocates whatever its arguments."""
+_PER_INPUT = 383
+"""Bytes per executable parameter that no output aliases (the data)."""
+_PER_OUTPUT = 1_655
+"""Bytes per new output besides its buffer (the ``jax.Array`` and its PjRt buffer, events)."""
+_PER_ALIASED = 1_403
+"""Bytes per donated parameter whose buffer an output takes over (a variable of the step's state)."""
+
+
+def _threads() -> int:
+    """Worker threads of XLA:CPU's pool: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+# ---- inside a YNNPACK fusion (xla/backends/cpu/runtime/ynnpack/ynn_fusion_thunk.cc runs it as a YNNPACK
+# subgraph): each rule gives (bytes held until the fusion ends, bytes held briefly); held add up, brief max.
+@dataclass(frozen=True, slots=True)
+class _Fusion:
+    body: list[Instruction]
+    types: dict[str, str]
+    threads: int
+    named: dict[str, Instruction]
+    produced: frozenset[str]  # names an op of the fusion computes (not a parameter or a constant)
+
+
+def _padded_input(c: Conv) -> int:
+    """Bytes of a convolution's input with its spatial padding; its plain size when it does not pad."""
+    if c.pads is None:
+        return math.prod(c.lhs) * c.item
+    spatial = math.prod(c.dim(str(k)) + p for k, p in enumerate(c.pads))
+    return c.dim("b") * spatial * c.dim("f") * c.item
+
+
+def _ynn_convolution(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
+    """YNNPACK convolution: its spatially padded input when it pads, its whole input when an op of the fusion
+    produces it, both held; its packed filter, briefly (calibrated: 8x32x32x32 k3 SAME, a separable pair)."""
+    c = conv(ins, fusion.types)
+    if c is None:
+        return 0, 0
+    held = _padded_input(c) if c.pads is not None or ins.operands[0] in fusion.produced else 0
+    weights = nbytes(fusion.types.get(ins.operands[1], "")) if len(ins.operands) > 1 else None
+    return held, weights if weights is not None else 0
+
+
+def _ynn_dot(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
+    """YNNPACK dot: its result in full when the fusion only reshapes it, in full each operand an op of the fusion
+    computes; from :data:`_DOT_PACK_ROWS` rows its right operand packed in blocks of up to :data:`_YNN_BLOCK`,
+    one per worker thread (calibrated: keras_conv1d_gru's GRU projection, 64x512 @ 512x512, 512x64 @ 64x256)."""
+    if len(ins.operands) < 2:
+        return 0, 0
+    lhs, rhs = shape(fusion.types.get(ins.operands[0], "")), shape(fusion.types.get(ins.operands[1], ""))
+    out = shape(ins.type)
+    if lhs is None or rhs is None or out is None or len(out[0]) < 2:
+        return 0, 0
+    held = 0
+    if not ins.root and only_reinterpreted(ins, fusion.body):
+        held += math.prod(out[0]) * out[1]  # a result that is only reshaped is written out in full
+    for operand in ins.operands[:2]:
+        source = through_reinterpret(operand, fusion.named)
+        if source is not None and source.opcode not in ("parameter", "constant", "broadcast", "iota"):
+            held += nbytes(source.type) or 0  # produced in the fusion: read from a full buffer
+    rhs_bytes = math.prod(rhs[0]) * rhs[1]
+    if math.prod(out[0][:-1]) < _DOT_PACK_ROWS:
+        return held, 0
+    return held, rhs_bytes if rhs_bytes <= _YNN_BLOCK else fusion.threads * _YNN_BLOCK
+
+
+def _ynn_reduce(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
+    """YNNPACK reduction over more than :data:`_YNN_BLOCK`: tiles of that size, one per worker thread, briefly
+    (calibrated: the softmax of 8x4x64x64)."""
+    reduced = nbytes(fusion.types.get(ins.operands[0], ""))
+    return 0, fusion.threads * _YNN_BLOCK if reduced is not None and reduced > _YNN_BLOCK else 0
+
+
+_YNN_RULES: dict[str, Callable[[Instruction, _Fusion], tuple[int, int]]] = {
+    "convolution": _ynn_convolution,
+    "dot": _ynn_dot,
+    "reduce": _ynn_reduce,
+}
+
+
+# ---- top-level instructions of the entry computation -----------------------------------------------------
+def _eigen_convolution(ins: Instruction, module: Module, threads: int) -> int:
+    """XLA's own convolution (``xla/backends/cpu/runtime/conv_impl.h``, ``EigenConv2DImpl``: per feature group,
+    ``extract_image_patches`` then a contraction): an im2col buffer of the output, one group at a time, and
+    Eigen's packing buffer (calibrated: 8x32x32x3 -> 16, 3x3 and 5x5 SAME)."""
+    c = conv(ins, module.types)
+    if c is None or not c.window:
+        return 0
+    spatial = math.prod(c.out[c.out_labels.index(str(k))] for k in range(len(c.window)))
+    return c.dim("b") * spatial * math.prod(c.window) * (c.dim("f") // c.groups) * c.item + _EIGEN_PACKING
+
+
+def _eigen_dot(ins: Instruction, module: Module, threads: int) -> int:
+    """XLA's own dot (``xla/backends/cpu/runtime/dot_thunk.cc``, an Eigen contraction): the packing buffer of
+    Eigen's ``TensorContractionThreadPool.h`` (calibrated: keras_mlp's weight-gradient dots)."""
+    return _EIGEN_PACKING
+
+
+def _ynn_fusion(ins: Instruction, module: Module, threads: int) -> int:
+    """A YNNPACK fusion: what its convolutions, dots and reductions hold to its end, plus the largest brief block."""
+    body = module.computations.get(ins.called or "", [])
+    fusion = _Fusion(body, module.types, threads, {i.name: i for i in body},
+                     frozenset(i.name for i in body if i.opcode not in ("parameter", "constant")))
+    held = brief = 0
+    for op in body:
+        rule = _YNN_RULES.get(op.opcode)
+        if rule is not None:
+            h, b = rule(op, fusion)
+            held, brief = held + h, max(brief, b)
+    return held + brief
+
+
+_ENTRY_RULES: dict[str, Callable[[Instruction, Module, int], int]] = {
+    "convolution": _eigen_convolution,
+    "dot": _eigen_dot,
+}
+
+
+def _scratch(ins: Instruction, module: Module, threads: int) -> int:
+    """Scratch of one top-level instruction, in bytes: its kind's rule, a YNNPACK fusion's, or none."""
+    rule = _ENTRY_RULES.get(ins.opcode)
+    if rule is None and ins.called is not None and _YNN_FUSION in ins.rest:
+        rule = _ynn_fusion
+    return rule(ins, module, threads) if rule is not None else 0
+
+
+def fusion_workspace(module: Module) -> tuple[int, int]:
+    """Kernel scratch above XLA's buffers at the step's peak, and the largest single scratch, in bytes.
+
+    XLA:CPU allocates its temporaries as one block live for the whole execution, so the scratch adds to all
+    of it. XLA's thunk executor runs independent instructions at once: neighbouring Eigen convolutions that
+    do not read each other's results (the two branches of keras_two_branch_cnn) hold their scratch together.
+    """
+    threads = _threads()
+    peak = largest = 0
+    group: list[tuple[str, int]] = []  # neighbouring independent Eigen convolutions
+    for ins in module.entry_body:
+        scratch = _scratch(ins, module, threads)
+        if ins.opcode == "convolution":
+            if any(name in ins.operands for name, _ in group):
+                group = []
+            group.append((ins.name, scratch))
+            peak = max(peak, sum(s for _, s in group))
+        else:
+            if ins.opcode not in NO_BUFFER:
+                group = []
+            peak = max(peak, scratch)
+        largest = max(largest, scratch)
+    return peak, largest
+
+
+def runtime_bookkeeping(module: Module, outputs: int) -> int:
+    """Bytes the JAX / PjRt runtime mallocs for its own bookkeeping during one execute call of ``module``.
+
+    A per-buffer cost: each parameter, each new output and each donated parameter an output aliases; ``outputs``
+    is the executable's output leaves. A Keras step passes every variable of its state, so on small models this
+    is a visible share of the step.
+    """
+    params = sum(ins.opcode == "parameter" for ins in module.entry_body)
+    aliased = min(module.aliases, params, outputs)
+    return _CALL_BASE + _PER_ALIASED * aliased + _PER_INPUT * (params - aliased) + _PER_OUTPUT * (outputs - aliased)

@@ -1,0 +1,17 @@
+"""The op rules of the Keras torch backend: kernel scratch and real output sizes, op by op.
+
+Keras on torch runs aten ops on PyTorch's own CPU kernels, as a PyTorch model does, so its rules are
+PyTorch's: oneDNN reorders and primitive scratchpads, temporaries of ATen composite kernels, each rule
+citing its ATen / oneDNN source (:mod:`nnmem.frontends.pytorch.workspace`). No rule is Keras-specific:
+a Keras layer reaches the CPU kernels only through these aten ops.
+"""
+
+from __future__ import annotations
+
+from nnmem.frontends.pytorch.tracker import OpRules
+from nnmem.frontends.pytorch.workspace import RULES as _PYTORCH_RULES
+
+__all__ = ["RULES"]
+
+RULES: OpRules = _PYTORCH_RULES
+"""The rules the Keras tracker applies to a fake step (a real step needs none)."""

@@ -1,0 +1,86 @@
+"""The Keras JAX backend's measurement, against its estimate of the same step."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("KERAS_BACKEND") != "jax":
+    pytest.skip("needs KERAS_BACKEND=jax", allow_module_level=True)
+
+from collections.abc import Callable
+from typing import Any
+
+from nnmem.frontends.keras.jax.measure import measure_step
+from nnmem.frontends.keras.jax.trace import trace_step
+from nnmem.report.model import Report, report_from_trace
+from nnmem.runner.child import run_in_child
+from nnmem.runner.mallocpeak import library
+from nnmem.trace import Category
+from nnmem.zoo.keras_models import FACTORIES
+
+
+def _estimate_and_measure(zoo_step: Callable[..., Any], name: str, mode: str) -> tuple[Report, Report]:
+    """The case's estimate and measurement, both made in a fresh child (~10 s of jax import each).
+
+    A child per case, started with the malloc counter preloaded (the measurement the report gives by default).
+    """
+
+    def both() -> tuple[dict[str, Any], dict[str, Any]]:
+        estimate = report_from_trace(trace_step(zoo_step(name, mode), meta={"batch": 8}), source="estimate",
+                                     model=name, device="cpu")
+        return estimate.to_dict(), measure_step(zoo_step(name, mode), name=name, meta={}).to_dict()
+
+    estimate, measured = run_in_child(both, timeout_s=300, preload=library(), env={"KERAS_BACKEND": "jax"})
+    return Report.from_dict(estimate), Report.from_dict(measured)
+
+
+_MODES = ("train", "infer")
+# Errors of a full sweep (a fresh child per case, batch 8, 2 CPU cores, jax 0.10.2, malloc-counter truth).
+_MISSES = {  # beyond 10 %: what the estimate lacks
+    ("keras_transformer_block", "train"): "YNNPACK keeps the attention scores and a 2 MiB buffer of the softmax "
+                                          "backward fusion, not modelled; -25 %",
+}
+_NOISY = {  # within a few points of 10 %
+    ("keras_separable_cnn", "infer"): "-9 % to -12 %: YNNPACK spreads its 128 KiB tiles over 2-4 blocks",
+    ("keras_partly_frozen", "train"): "+12 % to +14 %: the backward convolutions' padded inputs are not all live "
+                                      "at once",
+    ("keras_separable_cnn", "train"): "-8 % to 0 %: the step's malloc rise takes two values (15.07 or 16.27 MB)",
+    ("keras_partly_frozen", "infer"): "-5 % to +60 %: the step's malloc rise differs between processes (2,306,224 B "
+                                      "in one, 1,372,224 and 1,372,240 B in two others); the estimate keeps both "
+                                      "convolutions' padded inputs live together",
+    ("keras_two_branch_cnn", "infer"): "-1 % to +15 %: the step's malloc rise takes two values (4.75 MB in some "
+                                       "steps, 5.65-5.72 MB in others: 4,751,536 / 5,654,824 / 4,826,904 / "
+                                       "5,716,912 B in one process), as the two branches' convolutions overlap "
+                                       "on XLA's threads or not; the estimate counts them concurrent",
+}
+_QUICK = {("keras_lstm", "train"), ("keras_lstm", "infer"), ("keras_conv1d_gru", "train"),
+          ("keras_two_branch_cnn", "infer")}
+_ALL = os.environ.get("NNMEM_ACCURACY_ALL") == "1"
+
+
+def _case(name: str, mode: str) -> object:
+    marks = [] if _ALL or (name, mode) in _QUICK else [pytest.mark.skip(
+        reason="the full sweep takes ~6 min on 2 cores: set NNMEM_ACCURACY_ALL=1")]
+    if (name, mode) in _MISSES:
+        marks.append(pytest.mark.xfail(strict=True, reason=_MISSES[(name, mode)]))
+    elif (name, mode) in _NOISY:
+        marks.append(pytest.mark.xfail(strict=False, reason="measurement noise: " + _NOISY[(name, mode)]))
+    return pytest.param(name, mode, marks=marks)
+
+
+@pytest.mark.accuracy
+@pytest.mark.parametrize(("name", "mode"), [_case(name, mode) for name in FACTORIES for mode in _MODES])
+def test_estimate_matches_real_step(zoo_step: Callable[..., Any], name: str, mode: str) -> None:
+    estimate, measured = _estimate_and_measure(zoo_step, name, mode)
+    assert measured.source == "measure" and measured.meta["measure.rise_bytes"] > 0
+    assert "malloc" in measured.meta["measure.method"]
+    # The executable Keras cached is the one the estimate compiled.
+    assert measured.meta["keras_executable.temp_bytes"] == estimate.meta["xla.temp_bytes"]
+    assert estimate.breakdown.get(Category.WORKSPACE.value, 0) == (estimate.meta["xla.conv_workspace_bytes"]
+                                                                   + estimate.meta["xla.runtime_bookkeeping_bytes"])
+    if (name, mode) == ("keras_two_branch_cnn", "infer"):  # the 5x5 Eigen convolution's im2col, in bytes
+        assert estimate.meta["xla.max_conv_scratch_bytes"] == 8 * 32 * 32 * 5 * 5 * 3 * 4 + 74_184
+    error = abs(estimate.peak_bytes - measured.peak_bytes) / measured.peak_bytes
+    assert error <= 0.10, (estimate.peak_bytes, measured.peak_bytes, measured.meta["measure.rises"])
