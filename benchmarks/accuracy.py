@@ -11,7 +11,7 @@ tensor level within 0.5 % on every case; allocator level median <= 2 %, max <= 1
 Keras rows (``--keras``, default all three backends; ``--keras none`` skips them): each Keras zoo model
 (nnmem.zoo.KERAS) × (Adam train step, inference) on each backend, every backend in its own process
 (Keras fixes its backend at import). Truth per backend: torch — the profiler's allocator events;
-tensorflow — the BFC allocator peak; jax — see nnmem.frontends.keras.jax.trace. Targets (|error| of
+tensorflow — the BFC allocator peak; jax — see nnmem.frontends.keras.jax.measure. Targets (|error| of
 the peak): torch median <= 2 %, max <= 10 %; tensorflow median <= 5 %, max <= 15 %; jax median <= 5 %.
 Each Keras case is measured in ``--runs`` fresh processes and compared with the median run (default: 3 on
 tensorflow, where the holes the setup leaves in the BFC allocator can move a peak by a chunk or two between

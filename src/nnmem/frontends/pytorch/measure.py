@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 from nnmem.frontends.pytorch.step import prepare_step, run_step, trace_prepared
 from nnmem.report.model import Report, report_from_trace
 
-__all__ = ["measure_step", "allocator_rise", "storage_bytes"]
+__all__ = ["measure_step", "allocator_rise", "storage_bytes", "quiet_stderr"]
 
 WARMUP = {"train": 2, "infer": 1}
 
@@ -36,7 +36,7 @@ def measure_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, 
         run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target)
     trace = trace_prepared(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, meta=meta)
     resident = _live_storage_bytes(model, inputs, target, opt)
-    with _quiet_stderr():  # the priming step makes c10 warn of blocks allocated before profiling
+    with quiet_stderr():  # the priming step makes c10 warn of blocks allocated before profiling
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
             run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -51,7 +51,7 @@ def measure_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, 
 
 
 @contextmanager
-def _quiet_stderr() -> Iterator[None]:
+def quiet_stderr() -> Iterator[None]:
     """Silence the C++ side's stderr (file descriptor 2) for the duration."""
     sys.stderr.flush()
     saved = os.dup(2)

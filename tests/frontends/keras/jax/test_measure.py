@@ -42,18 +42,23 @@ _MISSES = {  # beyond 10 %: what the estimate lacks
     ("keras_transformer_block", "train"): "YNNPACK keeps the attention scores and a 2 MiB buffer of the softmax "
                                           "backward fusion, not modelled; -25 %",
 }
-_NOISY = {  # within a few points of 10 %
-    ("keras_separable_cnn", "infer"): "-9 % to -12 %: YNNPACK spreads its 128 KiB tiles over 2-4 blocks",
-    ("keras_partly_frozen", "train"): "+12 % to +14 %: the backward convolutions' padded inputs are not all live "
-                                      "at once",
-    ("keras_separable_cnn", "train"): "-8 % to 0 %: the step's malloc rise takes two values (15.07 or 16.27 MB)",
-    ("keras_partly_frozen", "infer"): "-5 % to +60 %: the step's malloc rise differs between processes (2,306,224 B "
-                                      "in one, 1,372,224 and 1,372,240 B in two others); the estimate keeps both "
-                                      "convolutions' padded inputs live together",
-    ("keras_two_branch_cnn", "infer"): "-1 % to +15 %: the step's malloc rise takes two values (4.75 MB in some "
-                                       "steps, 5.65-5.72 MB in others: 4,751,536 / 5,654,824 / 4,826,904 / "
-                                       "5,716,912 B in one process), as the two branches' convolutions overlap "
-                                       "on XLA's threads or not; the estimate counts them concurrent",
+# Cases whose measured peak takes different values between steps or processes: the estimate must fall in
+# the band the real runs span (signed error, estimate vs measured), not within the usual 10 %.
+_NOISY = {
+    ("keras_separable_cnn", "infer"): (-0.15, 0.10, "-9 % to -12 %: YNNPACK spreads its 128 KiB tiles over 2-4 "
+                                                    "blocks"),
+    ("keras_partly_frozen", "train"): (-0.10, 0.20, "+12 % to +14 %: the backward convolutions' padded inputs "
+                                                    "are not all live at once"),
+    ("keras_separable_cnn", "train"): (-0.12, 0.10, "-8 % to 0 %: the step's malloc rise takes two values "
+                                                    "(15.07 or 16.27 MB)"),
+    ("keras_partly_frozen", "infer"): (-0.10, 0.70, "-5 % to +60 %: the step's malloc rise differs between "
+                                                    "processes (2,306,224 B in one, 1,372,224 and 1,372,240 B in "
+                                                    "two others); the estimate keeps both convolutions' padded "
+                                                    "inputs live together"),
+    ("keras_two_branch_cnn", "infer"): (-0.10, 0.20, "-1 % to +15 %: the step's malloc rise takes two values "
+                                                     "(4.75 MB in some steps, 5.65-5.72 MB in others), as the two "
+                                                     "branches' convolutions overlap on XLA's threads or not; the "
+                                                     "estimate counts them concurrent"),
 }
 _QUICK = {("keras_lstm", "train"), ("keras_lstm", "infer"), ("keras_conv1d_gru", "train"),
           ("keras_two_branch_cnn", "infer")}
@@ -65,8 +70,6 @@ def _case(name: str, mode: str) -> object:
         reason="the full sweep takes ~6 min on 2 cores: set NNMEM_ACCURACY_ALL=1")]
     if (name, mode) in _MISSES:
         marks.append(pytest.mark.xfail(strict=True, reason=_MISSES[(name, mode)]))
-    elif (name, mode) in _NOISY:
-        marks.append(pytest.mark.xfail(strict=False, reason="measurement noise: " + _NOISY[(name, mode)]))
     return pytest.param(name, mode, marks=marks)
 
 
@@ -82,5 +85,6 @@ def test_estimate_matches_real_step(zoo_step: Callable[..., Any], name: str, mod
                                                                    + estimate.meta["xla.runtime_bookkeeping_bytes"])
     if (name, mode) == ("keras_two_branch_cnn", "infer"):  # the 5x5 Eigen convolution's im2col, in bytes
         assert estimate.meta["xla.max_conv_scratch_bytes"] == 8 * 32 * 32 * 5 * 5 * 3 * 4 + 74_184
-    error = abs(estimate.peak_bytes - measured.peak_bytes) / measured.peak_bytes
-    assert error <= 0.10, (estimate.peak_bytes, measured.peak_bytes, measured.meta["measure.rises"])
+    error = (estimate.peak_bytes - measured.peak_bytes) / measured.peak_bytes
+    low, high, _ = _NOISY.get((name, mode), (-0.10, 0.10, ""))
+    assert low <= error <= high, (estimate.peak_bytes, measured.peak_bytes, measured.meta["measure.rises"])

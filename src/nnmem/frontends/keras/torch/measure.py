@@ -14,7 +14,7 @@ import torch
 
 from nnmem.frontends.keras.common import KerasStep, flat_arrays
 from nnmem.frontends.keras.torch.trace import all_variables, as_torch, call_step, trace_call
-from nnmem.frontends.pytorch.measure import _quiet_stderr, allocator_rise, storage_bytes
+from nnmem.frontends.pytorch.measure import allocator_rise, quiet_stderr, storage_bytes
 from nnmem.report.model import Report, report_from_trace
 
 __all__ = ["measure_step", "live_variable_bytes"]
@@ -31,7 +31,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
         call_step(step, x, y)
     trace = trace_call(step, x, y, None, meta)
     resident = _live_bytes(step, x, y)
-    with _quiet_stderr():
+    with quiet_stderr():
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
             call_step(step, x, y)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
