@@ -15,6 +15,7 @@ __all__ = [
     "MissingFrameworkError",
     "MeasureError",
     "BudgetError",
+    "first_line",
 ]
 
 
@@ -48,3 +49,17 @@ class MeasureError(NnmemError):
 
 class BudgetError(NnmemError):
     """A step will not fit its memory budget (raised by ``nnmem.keras.MemoryCheck`` before training starts)."""
+
+
+# Lines Keras wraps a layer's error in ("Exception encountered when calling X.call()."): not the cause.
+_WRAPPER_LINES = ("Exception encountered", "Arguments received")
+
+
+def first_line(err: BaseException, limit: int | None = None) -> str:
+    """The first line of an exception's message that says what went wrong (Keras's wrapper lines skipped), cut
+    to ``limit`` characters; the exception type's name when the message is empty."""
+    for line in str(err).strip().splitlines():
+        line = line.strip()
+        if line and not line.startswith(_WRAPPER_LINES):
+            return line[:limit]
+    return type(err).__name__

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 from nnmem import optimizers
-from nnmem.errors import ConfigError, TraceError
+from nnmem.errors import ConfigError, TraceError, first_line
 from nnmem.trace import Category, LayerInfo
 
 __all__ = ["KerasStep", "backend_name", "is_keras_model", "layer_infos", "make_optimizer", "no_gc",
@@ -143,17 +143,8 @@ def prepare(model: Any, x: Any, y: Any, *, mode: str, optimizer: Any = None, los
         try:
             model._symbolic_build(data_batch=(x, y))
         except (ValueError, TypeError, IndexError, RuntimeError) as err:
-            raise TraceError(f"the Keras model rejected inputs [{_shapes_text(x)}]: {_first_line(err)}") from err
+            raise TraceError(f"the Keras model rejected inputs [{_shapes_text(x)}]: {first_line(err, 300)}") from err
     return KerasStep(model, x, y, mode, _batch_of(x))
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    for line in text.splitlines():  # Keras wraps the cause: "Exception encountered when calling X.call()."
-        line = line.strip()
-        if line and not line.startswith("Exception encountered") and not line.startswith("Arguments received"):
-            return line[:300]
-    return type(err).__name__
 
 
 def _shapes_text(x: Any) -> str:

@@ -13,15 +13,9 @@ from typing import Any
 
 import keras
 
-from nnmem.errors import MeasureError, ModelLoadError
+from nnmem.errors import MeasureError, ModelLoadError, first_line
 
-__all__ = ["first_line", "load_file", "model_payload", "model_from_payload"]
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of an exception's message (up to 200 characters), or its type's name when it has none."""
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__
+__all__ = ["load_file", "model_payload", "model_from_payload"]
 
 
 def model_payload(model: Any) -> bytes:
@@ -32,7 +26,7 @@ def model_payload(model: Any) -> bytes:
         config = keras.saving.serialize_keras_object(model)
         payload = cloudpickle.dumps((config, _custom_objects(model), _optimizer_built(model)))
     except Exception as err:
-        raise MeasureError(f"the Keras model cannot be sent to the measuring child process ({first_line(err)}): "
+        raise MeasureError(f"the Keras model cannot be sent to the measuring child process ({first_line(err, 200)}): "
                            "give custom layers and models a get_config() (keras.saving.register_keras_serializable), "
                            "or measure a MODEL spec 'file.py:factory'") from err
     return payload  # type: ignore[no-any-return]
@@ -73,7 +67,7 @@ def model_from_payload(payload: bytes) -> Any:
                     model.compile_from_config(compile_config)
     except Exception as err:
         raise MeasureError("the measuring child process cannot rebuild the Keras model from its config "
-                           f"({first_line(err)}): "
+                           f"({first_line(err, 200)}): "
                            "register custom classes with keras.saving.register_keras_serializable and give them "
                            "a get_config(), or measure a MODEL spec 'file.py:factory'") from err
     if optimizer_built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
@@ -95,6 +89,6 @@ def load_file(path: str) -> Any:
             raise ModelLoadError(f"refusing to load {path}: it contains a Lambda layer whose code would run on "
                                  "load (Keras safe_mode). Rebuild the model in a factory 'file.py:factory' "
                                  "you trust instead") from err
-        raise ModelLoadError(f"cannot load {path}: {text.strip().splitlines()[0] if text.strip() else err}") from err
+        raise ModelLoadError(f"cannot load {path}: {first_line(err)}") from err
     except Exception as err:
         raise ModelLoadError(f"cannot load {path}: {type(err).__name__}: {err}") from err

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from nnmem import optimizers
-from nnmem.errors import ConfigError, TraceError
+from nnmem.errors import ConfigError, TraceError, first_line
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
 from nnmem.trace import Category, LayerInfo, Phase, Trace
 
@@ -87,7 +87,7 @@ def _call(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Any:
             f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" if isinstance(t, torch.Tensor)
             else type(t).__name__ for t in inputs
         )
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise TraceError(f"the model rejected inputs [{shapes}]: {first}") from err
 
 

@@ -20,7 +20,7 @@ import keras
 import tensorflow as tf
 
 from nnmem.allocators.bfc import bfc_round, steady_state_chunks
-from nnmem.errors import ConfigError, TraceError
+from nnmem.errors import ConfigError, TraceError, first_line
 from nnmem.frontends.keras.common import (
     KerasStep,
     array_nbytes,
@@ -115,7 +115,7 @@ def _concrete(step: KerasStep) -> tuple[Any, _Spans]:
     except (ValueError, TypeError, tf.errors.InvalidArgumentError) as err:
         shapes = ", ".join(f"{tuple(a.shape)} {keras.backend.standardize_dtype(a.dtype)}"
                            for a in flat_arrays(step.x))
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise TraceError(f"the Keras model rejected inputs [{shapes}]: {first}") from err
     return cf, spans
 

@@ -20,7 +20,7 @@ from typing import Any
 import keras
 import torch
 
-from nnmem.errors import TraceError
+from nnmem.errors import TraceError, first_line
 from nnmem.frontends.keras.common import KerasStep, flat_arrays, layer_infos, no_gc, resident_variables
 from nnmem.frontends.keras.torch.scratch import RULES
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
@@ -172,7 +172,7 @@ def call_step(step: KerasStep, x: Any, y: Any) -> None:
             _run(step, x, y)
     except (RuntimeError, ValueError, TypeError, IndexError) as err:
         shapes = ", ".join(f"{tuple(a.shape)} {str(a.dtype).replace('torch.', '')}" for a in flat_arrays(x))
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise TraceError(f"the Keras model rejected inputs [{shapes}]: {first}") from err
 
 
