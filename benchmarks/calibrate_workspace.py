@@ -1,6 +1,7 @@
 """Measure the scratch memory each CPU kernel allocates inside an op, and compare it with nnmem's rules.
 
 Run:  python benchmarks/calibrate_workspace.py [--models vgg,lstm_lm] [--modes train,infer] [--top 25] [--all]
+      ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python benchmarks/calibrate_workspace.py  (a lower ISA)
 
 For each zoo model's real step (train with SGD, and infer) it runs the step twice under the torch
 profiler with ``profile_memory=True`` (the first run primes the profiler, which reports frees only of
@@ -11,8 +12,10 @@ decomposed into ``aten::convolution`` / ``aten::addmm``), so each range holds on
 
 For each op it prints the input shapes, the bytes of its new output storages, the scratch measured
 inside it (peak of the allocator's running sum inside the range, relative to just before it, minus
-those output bytes), the scratch ``workspace.RULES`` predicts for the same call, and the difference;
-then a summary of the op kinds with the largest unexplained scratch.
+those output bytes), the scratch the workspace rules predict for the same call, and the difference;
+then a summary of the op kinds with the largest unexplained scratch. It starts with the CPU as the rules
+see it (``nnmem.cpu.describe()``: oneDNN's effective ISA under ``ONEDNN_MAX_CPU_ISA``, ATen's capability)
+and marks the ops whose kernel path no rule models on that CPU (``WorkspaceRules.notes``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from nnmem.frontends.pytorch.workspace import RULES
+from nnmem.cpu import describe
+from nnmem.frontends.pytorch.workspace import WorkspaceRules, note_for
 
 __all__ = ["OpMeasure", "measure_ops", "main"]
 
@@ -53,6 +57,7 @@ class OpMeasure:
         predicted: what ``RULES.workspace`` says for the same call, in bytes.
         real_sizes: storage bytes of each output tensor of the real kernel (flatten order).
         rule_sizes: what ``RULES.output_bytes`` says (None where it has no rule).
+        note: why no rule models this call's kernel path on this CPU (None when one does).
     """
 
     index: int
@@ -64,6 +69,7 @@ class OpMeasure:
     predicted: int
     real_sizes: tuple[int, ...]
     rule_sizes: tuple[int, ...] | None
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,7 @@ class _Call:
     predicted: int
     real_sizes: tuple[int, ...]
     rule_sizes: tuple[int, ...] | None
+    note: str | None
 
 
 class _Recorder(TorchDispatchMode):
@@ -83,6 +90,7 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.training = training
         self.calls: list[_Call] = []
+        self.rules = WorkspaceRules()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -91,11 +99,12 @@ class _Recorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         outs = _tensors(out)
         fresh = {_ptr(t): t.untyped_storage().nbytes() for t in outs if _ptr(t) not in before and _ptr(t)}
-        sizes = RULES.output_bytes(func, args, kwargs, out)
+        sizes = self.rules.output_bytes(func, args, kwargs, out)
         self.calls.append(_Call(
             str(func), " ".join(str(list(t.shape)) for t in _tensors((args, kwargs))), sum(fresh.values()),
-            RULES.workspace(func, args, kwargs, out, self.training),
-            tuple(t.untyped_storage().nbytes() for t in outs), None if sizes is None else tuple(sizes)))
+            self.rules.workspace(func, args, kwargs, out, self.training),
+            tuple(t.untyped_storage().nbytes() for t in outs), None if sizes is None else tuple(sizes),
+            note_for(func, args, kwargs, self.rules.cpu)))
         return out
 
 
@@ -167,17 +176,17 @@ def measure_ops(fn: Callable[[], Any], *, training: bool, prime: bool = True) ->
             running += size
             peak = max(peak, running)
         results.append(OpMeasure(index, call.name, call.shapes, call.out_bytes, peak, max(peak - call.out_bytes, 0),
-                                 call.predicted, call.real_sizes, call.rule_sizes))
+                                 call.predicted, call.real_sizes, call.rule_sizes, call.note))
     return results
 
 
 # ---- the zoo run ---------------------------------------------------------------------------------------
-def _zoo_step(name: str, mode: str) -> tuple[Callable[[], Any], bool]:
+def _zoo_step(name: str, mode: str, batch: int) -> tuple[Callable[[], Any], bool]:
     from nnmem import zoo
     from nnmem.frontends.pytorch.step import prepare_step, run_step
     from nnmem.loader import build
 
-    built = build(zoo.resolve(name), None, name)  # type: ignore[arg-type]
+    built = build(zoo.resolve(name), batch, name)
     opt = prepare_step(built.model, mode, "sgd")
     inputs = tuple(built.inputs or ())
 
@@ -199,6 +208,8 @@ def report(rows: list[OpMeasure], *, show_all: bool, threshold: int = 4096) -> l
                          f"{diff:>+11,}  {r.shapes[:120]}")
             if size_bad:
                 lines.append(f"      output sizes: real {list(r.real_sizes)} rule {list(r.rule_sizes or ())}")
+            if r.note:
+                lines.append(f"      not modelled: {r.note}")
     return lines
 
 
@@ -222,14 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="train,infer")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--all", action="store_true", help="print every op, not only mispredicted ones")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default: the zoo's)")
     args = parser.parse_args(argv)
     from nnmem import zoo
 
-    names = args.models.split(",") if args.models else [n for n in zoo.names() if n != "gpt2_small"]
+    names = args.models.split(",") if args.models else list(zoo.ACCURACY_ZOO)
+    print(f"CPU: {describe().to_dict()}")
     everything: list[OpMeasure] = []
     for name in names:
         for mode in args.modes.split(","):
-            step, training = _zoo_step(name, mode)
+            step, training = _zoo_step(name, mode, args.batch or zoo.DEFAULT_BATCH)
             rows = measure_ops(step, training=training)
             everything += rows
             print(f"== {name} {mode}: {len(rows)} ops, measured scratch max "
