@@ -101,6 +101,8 @@ class KerasFrontend:
         request = self.load(request)
         step, _, notes = _step(request, request.batch or 1)
         trace = backend_module("trace").trace_step(step, meta=_meta(step, request.batch))
+        if trace.meta.get("unmodelled"):  # a kernel path this CPU takes that no rule models
+            notes = (str(trace.meta["unmodelled"]), *notes)
         if trace.framework == "keras-tensorflow":
             notes = (*notes, *((_TF_LOOP_NOTE,) if trace.meta.get("while_loops") else ()), *_TF_NOTES)
         return report_from_trace(trace, source="estimate", model=request.name, device="cpu", notes=notes)

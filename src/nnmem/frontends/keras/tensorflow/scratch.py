@@ -186,3 +186,41 @@ def scratch_bytes(op: Any) -> int:
     """Bytes the op's kernel allocates and frees inside the op (0 for most kernels)."""
     scratch = rule_of(op.type).scratch
     return 0 if scratch is None else scratch(op)
+
+
+# Kernels the oneDNN (MKL) graph rewrite takes over for float32, which fall back to TensorFlow's own Eigen
+# kernels for a dtype oneDNN does not run on this CPU. Their scratch differs and is not modelled: the
+# custom backprop kernels allocate an im2col buffer sized to a 30 MiB working set
+# (conv_grad_filter_ops.cc Conv2DCustomBackpropFilterOp, conv_grad_input_ops.h).
+_ONEDNN_KERNELS = frozenset({
+    "Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "Conv3D", "Conv3DBackpropFilterV2",
+    "Conv3DBackpropInputV2", "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropFilter",
+    "DepthwiseConv2dNativeBackpropInput", "MatMul", "BatchMatMulV2", "BatchMatMulV3", "FusedBatchNormV3",
+    "FusedBatchNormGradV3",
+})
+
+
+def onednn_takes(dtype: Any, flags: Iterable[str]) -> bool:
+    """Whether TensorFlow's oneDNN kernels run ``dtype`` on a CPU with these ISA flags
+    (``tensorflow/core/util/util.cc`` IsDataTypeSupportedByOneDNNOnThisCPU)."""
+    have = set(flags)
+    if dtype == tf.half:
+        return "avx512bw" in have and bool(have & {"avx512_fp16", "amx_fp16", "avx_ne_convert"})
+    if dtype == tf.bfloat16:
+        return bool(have & {"avx512f", "avx_ne_convert"})
+    return True
+
+
+def eigen_fallback_note(ops: Iterable[Any], flags: Iterable[str]) -> str | None:
+    """A report line naming the oneDNN kernels of the step that fall back to Eigen on this CPU, or None."""
+    flags = tuple(flags)
+    fallen: dict[str, set[str]] = {}
+    for op in ops:
+        if op.type in _ONEDNN_KERNELS and op.outputs and not onednn_takes(op.outputs[0].dtype, flags):
+            fallen.setdefault(op.outputs[0].dtype.name, set()).add(op.type)
+    if not fallen:
+        return None
+    kinds = "; ".join(f"{dtype} {', '.join(sorted(types))}" for dtype, types in sorted(fallen.items()))
+    return (f"not modelled on this CPU: {kinds} run TensorFlow's Eigen kernels (oneDNN takes float16 only with "
+            "AVX512-FP16, AMX-FP16 or AVX-NE-CONVERT, bfloat16 only with AVX-512 or AVX-NE-CONVERT); their "
+            "kernel scratch is not modelled and the allocator level may be far higher")

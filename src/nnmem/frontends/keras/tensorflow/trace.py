@@ -19,6 +19,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from nnmem import cpu
 from nnmem.allocators.bfc import bfc_round, steady_state_chunks
 from nnmem.errors import ConfigError, TraceError, first_line
 from nnmem.frontends.keras.common import (
@@ -31,7 +32,7 @@ from nnmem.frontends.keras.common import (
 )
 from nnmem.frontends.keras.tensorflow.replay import Replay, call_depth, functions_of, while_loops
 from nnmem.frontends.keras.tensorflow.schedule import execution_order, reachable
-from nnmem.frontends.keras.tensorflow.scratch import VIEWS, tensor_bytes
+from nnmem.frontends.keras.tensorflow.scratch import VIEWS, eigen_fallback_note, tensor_bytes
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
 __all__ = ["RANDOM_INITIALIZER_TEMPORARIES", "trace_step"]
@@ -272,6 +273,9 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
             "call_depth": call_depth(graph, replay.functions),
             "while_loops": while_loops(graph, replay.functions),
             "allocator_model": "BFC: 256-byte chunks, sequential schedule"}
+    fallback = eigen_fallback_note(ops, cpu.describe().flags)
+    if fallback is not None:
+        info["unmodelled"] = fallback
     if step.mode == "train":
         info["optimizer"] = optimizer_label(step.model)
     return Trace("keras-tensorflow", step.mode, tuple(blocks), trace_ops, layer_infos(step.model), info)
