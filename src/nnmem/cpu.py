@@ -125,6 +125,10 @@ class CpuInfo:
         """Channel block of oneDNN's blocked layouts, in elements: 16 with AVX-512 (nChw16c), 8 below (nChw8c)."""
         return 16 if self.isa_at_least("avx512_core") else 8
 
+    def meta(self) -> dict[str, str]:
+        """The CPU as a report's ``meta`` keys (scalars): ``cpu``, ``cpu.isa``, ``cpu.aten``, ``cpu.flags``."""
+        return {"cpu": self.model, "cpu.isa": self.isa, "cpu.aten": self.aten, "cpu.flags": " ".join(self.flags)}
+
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {"cpu": self.model, "arch": self.arch, "isa": self.isa, "aten": self.aten,
                                   "flags": list(self.flags)}

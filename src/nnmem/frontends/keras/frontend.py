@@ -14,6 +14,7 @@ from typing import Any
 
 import keras
 
+from nnmem import cpu
 from nnmem.errors import ConfigError, UnsupportedError
 from nnmem.frontends.base import StepRequest
 from nnmem.frontends.keras.common import KerasStep, is_keras_model, optimizer_label, prepare
@@ -61,7 +62,7 @@ def from_factory(factory: Callable[[int], Any], batch: int) -> tuple[Any, Any, A
 def _meta(step: KerasStep, batch: int | None) -> dict[str, object]:
     meta: dict[str, object] = {"batch": batch or step.batch, "keras": keras.__version__,
                                "keras_backend": str(keras.backend.backend()),
-                               "dtype_policy": str(step.model.dtype_policy.name)}
+                               "dtype_policy": str(step.model.dtype_policy.name), **cpu.describe().meta()}
     if step.mode == "train":
         meta["optimizer"] = optimizer_label(step.model)
     return meta
@@ -101,8 +102,8 @@ class KerasFrontend:
         request = self.load(request)
         step, _, notes = _step(request, request.batch or 1)
         trace = backend_module("trace").trace_step(step, meta=_meta(step, request.batch))
-        if trace.meta.get("unmodelled"):  # a kernel path this CPU takes that no rule models
-            notes = (str(trace.meta["unmodelled"]), *notes)
+        if trace.meta.get("unmodelled"):  # kernel paths this CPU takes that no rule models
+            notes = (*str(trace.meta["unmodelled"]).splitlines(), *notes)
         if trace.framework == "keras-tensorflow":
             notes = (*notes, *((_TF_LOOP_NOTE,) if trace.meta.get("while_loops") else ()), *_TF_NOTES)
         return report_from_trace(trace, source="estimate", model=request.name, device="cpu", notes=notes)

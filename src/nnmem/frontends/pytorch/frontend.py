@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from nnmem import cuda
+from nnmem import cpu, cuda
 from nnmem.errors import ConfigError
 from nnmem.frontends.base import StepRequest
 from nnmem.frontends.pytorch.step import fake_copy, optimizer_name, trace_fake_step
-from nnmem.frontends.pytorch.workspace import RULES
+from nnmem.frontends.pytorch.workspace import WorkspaceRules
 from nnmem.loader import Built, build, resolve_factory
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Trace
@@ -78,7 +78,7 @@ def _batch_of(inputs: Any) -> int | None:
 
 def _meta(request: StepRequest) -> dict[str, object]:
     return {"optimizer": optimizer_name(request.optimizer) if request.mode == "train" else "",
-            "batch": request.batch or _batch_of(request.inputs), "torch": torch.__version__}
+            "batch": request.batch or _batch_of(request.inputs), "torch": torch.__version__, **cpu.describe().meta()}
 
 
 def _rebatch(value: Any, example: int, batch: int) -> Any:
@@ -122,9 +122,12 @@ class PyTorchFrontend:
         if isinstance(request.model, str):
             request, notes = _from_spec(request, request.batch or 1, meta=True)
         meta: dict[str, object] = _meta(request) if batch is None else {"batch": batch}
+        rules = WorkspaceRules()
         trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
                                 optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
-                                rules=RULES, meta=meta)
+                                rules=rules, meta=meta)
+        if rules.notes:  # kernel paths this CPU takes that no rule models: a CPU report says so
+            trace.meta["unmodelled"] = "\n".join(rules.notes)
         return request, trace, notes
 
     def estimate(self, request: StepRequest) -> Report:
@@ -136,8 +139,9 @@ class PyTorchFrontend:
             return report_from_trace(trace, source="estimate", model=request.name, device=target_cuda.name,
                                      level="reserved", overrides=cuda_level_peaks(trace, target_cuda),
                                      notes=(*notes, cuda.NOT_VALIDATED))
+        unmodelled = str(trace.meta.get("unmodelled", "")).splitlines()
         return report_from_trace(trace, source="estimate", model=request.name, device=request.device,
-                                 notes=tuple(notes))
+                                 notes=(*unmodelled, *notes))
 
     def tracer(self, request: StepRequest) -> Callable[[int], Trace]:
         """A MODEL spec's factory is called at each batch under the meta device; a model with example inputs

@@ -17,8 +17,9 @@ from nnmem.frontends.keras.torch.trace import trace_step
 from nnmem.frontends.pytorch import workspace
 
 
-def test_rules_are_pytorchs() -> None:
-    assert scratch.RULES is workspace.RULES
+def test_rules_are_pytorchs_and_fresh_per_trace() -> None:
+    first, second = scratch.rules(), scratch.rules()
+    assert isinstance(first, workspace.WorkspaceRules) and first is not second  # notes never pile up
 
 
 def test_fake_trace_counts_onednn_convolution_scratch(zoo_step: Callable[..., Any]) -> None:

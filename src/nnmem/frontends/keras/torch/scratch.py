@@ -8,10 +8,12 @@ a Keras layer reaches the CPU kernels only through these aten ops.
 
 from __future__ import annotations
 
-from nnmem.frontends.pytorch.tracker import OpRules
-from nnmem.frontends.pytorch.workspace import RULES as _PYTORCH_RULES
+from nnmem.frontends.pytorch.workspace import WorkspaceRules
 
-__all__ = ["RULES"]
+__all__ = ["rules"]
 
-RULES: OpRules = _PYTORCH_RULES
-"""The rules the Keras tracker applies to a fake step (a real step needs none)."""
+
+def rules() -> WorkspaceRules:
+    """A fresh rule set for one fake step (a real step needs none); its ``notes`` name the kernel paths this
+    CPU takes that no rule models."""
+    return WorkspaceRules()

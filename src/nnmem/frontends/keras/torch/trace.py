@@ -22,7 +22,7 @@ import torch
 
 from nnmem.errors import TraceError, first_line
 from nnmem.frontends.keras.common import KerasStep, flat_arrays, layer_infos, no_gc, resident_variables
-from nnmem.frontends.keras.torch.scratch import RULES
+from nnmem.frontends.keras.torch.scratch import rules
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
 from nnmem.trace import Category, Phase, Trace
 
@@ -215,11 +215,15 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
         if step.mode == "train":
             for v in model.trainable_variables:  # the previous step's gradients, live until after the forward
                 v._value.grad = torch.zeros_like(v._value)
+        step_rules = rules()
         try:
-            return trace_call(step, x, y, RULES, meta)
+            trace = trace_call(step, x, y, step_rules, meta)
         finally:
             for v in model.trainable_variables:
                 v._value.grad = None
+    if step_rules.notes:  # kernel paths this CPU takes that no rule models: the report says so
+        trace.meta["unmodelled"] = "\n".join(step_rules.notes)
+    return trace
 
 
 def _fake_data(a: Any) -> torch.Tensor:
