@@ -1,0 +1,34 @@
+"""Helpers the workspace rules share: the op namespace, the note's wording, allocation arithmetic."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+aten = torch.ops.aten
+NOT_MODELLED = "kernel scratch not modelled; the allocator level may be higher"
+
+
+def alloc_peak(sequence: Sequence[int]) -> int:
+    """Peak of the running sum of signed allocation sizes (frees negative), in bytes."""
+    running = peak = 0
+    for size in sequence:
+        running += size
+        peak = max(peak, running)
+    return peak
+
+
+def round_up(value: int, block: int) -> int:
+    """``value`` rounded up to a multiple of ``block``."""
+    return -(-value // block) * block
+
+
+def nbytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's elements."""
+    return t.numel() * t.element_size()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """"float16" for ``torch.float16``."""
+    return str(dtype).replace("torch.", "")

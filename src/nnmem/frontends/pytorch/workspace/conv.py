@@ -1,0 +1,106 @@
+"""The workspace rules of the convolution ops: read the call, pick ATen's kernel, size its scratch.
+
+Forward: ``aten.convolution`` and, under inference mode, ``aten.conv1d/conv2d/conv_transpose1d/2d``;
+backward: ``aten.convolution_backward``. The kernel choice is :mod:`.conv_select`'s; the sizes are
+:mod:`.conv_onednn`'s (float32 through oneDNN) and :mod:`.conv_im2col`'s (ATen's im2col kernel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from nnmem.cpu import CpuInfo
+from nnmem.frontends.pytorch.workspace._common import aten, nbytes
+from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
+from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward, conv_transpose_forward
+from nnmem.frontends.pytorch.workspace.conv_select import ConvCall, conv_backend, conv_call
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: ConvCall | None,
+             info: CpuInfo) -> int:
+    if call is None or not isinstance(out, torch.Tensor):
+        return 0
+    backend = conv_backend(call, info)
+    if backend == "slow2d":
+        return slow2d_forward(call, nbytes(out))
+    if call.dtype != torch.float32 or (call.x_layout != "contiguous" and not call.one_d) or len(call.x_shape) != 4:
+        return 0  # not modelled: conv_note says so
+    if backend == "mkldnn":  # a strided 1-D input is made contiguous first, and stays live
+        copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else 0
+        return copy + conv_forward(x, weight, bias, out, call.groups, info.onednn_block)
+    if backend == "mkldnn_transpose":
+        return conv_transpose_forward(x, weight, out)
+    return 0
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any) -> Any:
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
+def _call_convolution(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ConvCall | None:
+    """``aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)``."""
+    return conv_call(args[0], args[1], args[3], args[4], args[5], bool(args[6]), args[7], int(args[8]))
+
+
+def _call_conv_nd(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ConvCall | None:
+    """``aten.conv1d/conv2d(input, weight, bias, stride, padding, dilation, groups)`` (seen under inference
+    mode, where they do not decompose into ``aten.convolution``)."""
+    return conv_call(args[0], args[1], _arg(args, kwargs, 3, "stride", 1), _arg(args, kwargs, 4, "padding", 0),
+                     _arg(args, kwargs, 5, "dilation", 1), False, 0, int(_arg(args, kwargs, 6, "groups", 1)))
+
+
+def _call_conv_transpose_nd(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ConvCall | None:
+    """``aten.conv_transpose1d/2d(input, weight, bias, stride, padding, output_padding, groups, dilation)``."""
+    return conv_call(args[0], args[1], _arg(args, kwargs, 3, "stride", 1), _arg(args, kwargs, 4, "padding", 0),
+                     _arg(args, kwargs, 7, "dilation", 1), True, _arg(args, kwargs, 5, "output_padding", 0),
+                     int(_arg(args, kwargs, 6, "groups", 1)))
+
+
+def _call_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ConvCall | None:
+    """``aten.convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+    transposed, output_padding, groups, output_mask)``."""
+    return conv_call(args[1], args[2], args[4], args[5], args[6], bool(args[7]), args[8], int(args[9]))
+
+
+def rule_convolution(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,
+                     info: CpuInfo) -> int:
+    return _forward(args[0], args[1], args[2], out, _call_convolution(args, kwargs), info)
+
+
+def rule_conv_nd(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
+    bias = _arg(args, kwargs, 2, "bias", None)
+    return _forward(args[0], args[1], bias, out, _call_conv_nd(args, kwargs), info)
+
+
+def rule_conv_transpose_nd(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,
+                           info: CpuInfo) -> int:
+    bias = _arg(args, kwargs, 2, "bias", None)
+    return _forward(args[0], args[1], bias, out, _call_conv_transpose_nd(args, kwargs), info)
+
+
+def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,
+                              info: CpuInfo) -> int:
+    grad_out, x, weight, mask = args[0], args[1], args[2], args[10]
+    call = _call_convolution_backward(args, kwargs)
+    if call is None:
+        return 0
+    fresh = sum(nbytes(t) for t in out if isinstance(t, torch.Tensor))
+    backend = conv_backend(call, info)
+    if backend == "slow2d":
+        return slow2d_backward(call, grad_out, mask, fresh)
+    if backend != "mkldnn" or call.dtype != torch.float32 or call.x_layout != "contiguous" or len(call.x_shape) != 4:
+        return 0  # transposed (oneDNN) backward: not modelled yet; the others: conv_note says so
+    return conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block)
+
+
+CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | None]] = {
+    aten.convolution.default: _call_convolution,
+    aten.conv1d.default: _call_conv_nd,
+    aten.conv2d.default: _call_conv_nd,
+    aten.conv_transpose1d.default: _call_conv_transpose_nd,
+    aten.conv_transpose2d.input: _call_conv_transpose_nd,
+    aten.convolution_backward.default: _call_convolution_backward,
+}

@@ -1,0 +1,122 @@
+"""Scratch of convolutions on ATen's im2col kernel (``thnn_conv2d``, the ``Slow2d`` backend), any dtype.
+
+Follows aten/src/ATen/native/Convolution.cpp (``_convolution``, ``subtensor`` per group) and
+ConvolutionMM2d.cpp (``compute_columns2d``, ``slow_conv2d_forward_out_cpu``, ``slow_conv2d_backward_out_cpu``):
+whole-batch columns, inputs made contiguous in the kernel's layout, per-group copies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from nnmem.frontends.pytorch.workspace._common import alloc_peak
+from nnmem.frontends.pytorch.workspace.conv_select import ConvCall, tensor_layout
+
+
+def _columns(call: ConvCall, channels: int) -> int:
+    """Bytes of ``compute_columns2d`` (ConvolutionMM2d.cpp): the batch unfolded, ``N x (C kh kw) x (oh ow)``;
+    a view of the input (nothing) for a 1x1 kernel with stride 1 and no padding."""
+    n, _, h, w = call.x_shape
+    kh, kw = call.w_shape[2], call.w_shape[3]
+    if (kh, kw) == (1, 1) and call.stride == (1, 1) and call.padding == (0, 0):
+        return 0
+    oh = (h + 2 * call.padding[0] - kh) // call.stride[0] + 1
+    ow = (w + 2 * call.padding[1] - kw) // call.stride[1] + 1
+    return n * channels * kh * kw * oh * ow * call.itemsize
+
+
+def _slow2d_format(call: ConvCall) -> str:
+    """The layout the Slow2d kernels work in: channels-last when the input or the weight is
+    (ConvUtils.h ``thnn_conv_use_channels_last``), contiguous otherwise."""
+    return "channels_last" if "channels_last" in (call.x_layout, call.w_layout) else "contiguous"
+
+
+def _made_contiguous(call: ConvCall) -> int:
+    """Bytes of ``input.contiguous(fmt)`` and ``weight.contiguous(fmt)`` before the Slow2d kernel (a strided
+    1-D input is made contiguous by ``_convolution`` first)."""
+    fmt = _slow2d_format(call)
+    return ((call.x_bytes if call.x_layout != fmt else 0) + (call.w_bytes if call.w_layout != fmt else 0))
+
+
+def _slice_copy(shape: tuple[int, ...], itemsize: int, groups: int) -> int:
+    """Bytes of ``subtensor(t, 1, groups, g)`` (Convolution.cpp): one group's channels made contiguous, a copy
+    unless the batch is 1."""
+    return 0 if shape[0] == 1 else math.prod(shape) * itemsize // groups
+
+
+def slow2d_forward(call: ConvCall, out_bytes: int) -> int:
+    """Scratch of the ``Slow2d`` branch of ``_convolution`` (Convolution.cpp) and ``slow_conv2d_forward_out_cpu``
+    (ConvolutionMM2d.cpp).
+
+    Input and weight made contiguous; per group a ``subtensor`` copy of the input's channels, the columns
+    (``compute_columns2d``), that group's output, the columns freed; ``at::cat`` of the group outputs. One
+    group: ``[input, weight, columns, out, -columns]``.
+    """
+    g = call.groups
+    channels = call.x_shape[1] // g
+    if g == 1:
+        return _made_contiguous(call) + _columns(call, channels)
+    slice_in, columns, slice_out = _slice_copy(call.x_shape, call.itemsize, g), _columns(call, channels), out_bytes // g
+    seq = [_made_contiguous(call)]
+    for _ in range(g):
+        seq += [slice_in, columns, slice_out, -columns, -slice_in]
+    return alloc_peak([*seq, out_bytes]) - out_bytes
+
+
+def _bias_sum_buffer(shape: tuple[int, ...], dtype: torch.dtype, layout: str) -> int:
+    """Float32 buffers of ``sum_out`` of a bfloat16/float16 NC(H)W tensor over N and the spatial dimensions, in
+    bytes (ReduceOps.cpp ``should_use_acc_buffer``): when two reduced dimensions stay apart after coalescing
+    (a contiguous NCHW tensor with N > 1, C > 1, H*W > 1; in channels-last N, H and W coalesce into one) it
+    sums ``self.to(kFloat)`` into a float32 result, then copies it back."""
+    n, c, spatial = shape[0], shape[1], math.prod(shape[2:])
+    if dtype not in (torch.bfloat16, torch.float16) or layout != "contiguous" or min(n, c, spatial) <= 1:
+        return 0
+    return 4 * (math.prod(shape) + c)
+
+
+def _slow2d_backward_seq(call: ConvCall, gy_shape: tuple[int, ...], gy_layout: str, channels: int,
+                         mask: Sequence[bool], sizes: tuple[int, int, int]) -> list[int]:
+    """``slow_conv2d_backward_out_cpu`` (ConvolutionMM2d.cpp) on one group: grad_input (its per-thread column
+    buffer is a ``std::make_unique``, outside the allocator), grad_bias by ``sum_out`` of grad_output as it
+    came, then grad_weight over the input unfolded again; grad_output is made contiguous in the kernel's
+    layout in the grad_input and grad_weight phases."""
+    gx, gw, gb = sizes
+    gy_copy = 0 if gy_layout == _slow2d_format(call) else math.prod(gy_shape) * call.itemsize
+    seq: list[int] = []
+    if mask[0]:
+        seq += [gx, gy_copy, -gy_copy]
+    if mask[2]:
+        acc = _bias_sum_buffer(gy_shape, call.dtype, gy_layout)
+        seq += [gb, acc, -acc]
+    if mask[1]:
+        columns = _columns(call, channels)
+        seq += [gw, gy_copy, columns, -columns, -gy_copy]
+    return seq
+
+
+def slow2d_backward(call: ConvCall, grad_out: torch.Tensor, mask: Sequence[bool], fresh: int) -> int:
+    """Scratch of ``convolution_backward``'s ``Slow2d`` branch (Convolution.cpp): input and weight made
+    contiguous; per group ``subtensor`` copies of grad_output's and the input's channels, that group's
+    gradients (kept), and ``at::cat`` of the group gradients at the end."""
+    g, e = call.groups, call.itemsize
+    gy_shape = tuple(int(d) for d in grad_out.shape)
+    if call.one_d:
+        gy_shape = (*gy_shape[:2], 1, gy_shape[2])
+    channels = call.x_shape[1] // g
+    sizes = (call.x_bytes // g if mask[0] else 0, call.w_bytes // g if mask[1] else 0,
+             call.w_shape[0] // g * e if mask[2] else 0)
+    seq = [_made_contiguous(call)]
+    gy_layout = tensor_layout(grad_out)
+    if g == 1:
+        return max(alloc_peak(seq + _slow2d_backward_seq(call, gy_shape, gy_layout, channels, mask, sizes)) - fresh, 0)
+    gy_g, x_g = _slice_copy(gy_shape, e, g), _slice_copy(call.x_shape, e, g)
+    group_shape = (gy_shape[0], gy_shape[1] // g, *gy_shape[2:])
+    slice_layout = "channels_last" if gy_layout == "channels_last" else "contiguous"  # suggest_memory_format
+    for _ in range(g):
+        inner = _slow2d_backward_seq(call, group_shape, slice_layout, channels, mask, sizes)
+        seq += [gy_g, x_g, *inner, -gy_g, -x_g]
+    seq += [g * s for s in sizes]
+    return max(alloc_peak(seq) - fresh, 0)

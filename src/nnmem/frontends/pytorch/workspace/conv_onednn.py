@@ -1,0 +1,98 @@
+"""Scratch of float32 convolutions through oneDNN (ideep): reorders to blocked layouts, blocked results.
+
+Each function follows aten/src/ATen/native/mkldnn/Conv.cpp and the sequence of allocations measured with
+``benchmarks/calibrate_workspace.py``; ``b`` is oneDNN's channel block (16 on AVX-512, 8 below).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from nnmem.frontends.pytorch.workspace._common import alloc_peak, nbytes, round_up
+
+
+def _conv_dims(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> tuple[int, ...]:
+    n, c = int(x.shape[0]), int(x.shape[1])
+    o = int(out.shape[1])
+    s_in, s_out = math.prod(int(d) for d in x.shape[2:]), math.prod(int(d) for d in out.shape[2:])
+    k = math.prod(int(d) for d in weight.shape[2:])
+    return n, c, o, s_in, s_out, k, x.element_size()
+
+
+def _conv_weight_blocked(c: int, o: int, k: int, groups: int, e: int, b: int, small_ic: bool) -> int:
+    """Bytes of the weights reordered to oneDNN's blocked layout (OIhw16i16o, Acdb16a, Goihw16g)."""
+    if groups == 1:
+        return round_up(o, b) * (c if small_ic else round_up(c, b)) * k * e
+    if groups == c == o:  # depthwise: groups padded to the block
+        return round_up(groups, b) * k * e
+    return o * (c // groups) * k * e  # grouped: measured equal to the dense weights (calibrate: g4 case)
+
+
+def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Tensor, groups: int, b: int) -> int:
+    """Scratch of ``mkldnn_convolution`` on a float32 NC(H)W input (aten/src/ATen/native/mkldnn/Conv.cpp).
+
+    ideep reorders the source to nChw16c (nChw8c below AVX-512: ``b`` is oneDNN's channel block; not when
+    ``ic < b``: oneDNN's first-layer kernels read nchw directly), the weights to a blocked layout, an
+    unaligned bias to a padded copy (+128 B, measured), computes into a blocked destination with channels
+    padded to the block, and ``mkldnn_to_dense`` copies that into the dense output. Sequence measured:
+    ``[bias, src, wei, dst, -wei, -src, -bias, out, -dst]``.
+    """
+    n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, out)
+    small_ic = groups == 1 and c < b
+    src = 0 if small_ic else n * round_up(c, b) * s_in * e
+    wei = _conv_weight_blocked(c, o, k, groups, e, b, small_ic)
+    bia = round_up(o, b) * e + 128 if bias is not None and o % b else 0
+    dst = n * round_up(o, b) * s_out * e
+    dense = nbytes(out)
+    return alloc_peak([bia, src, wei, dst, -wei, -src, -bia, dense, -dst]) - dense
+
+
+def conv_transpose_forward(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> int:
+    """Scratch of ``mkldnn_convolution_transpose`` (aten/src/ATen/native/mkldnn/Conv.cpp).
+
+    Measured: source and weight reorders, an unpadded destination, the dense output and one more copy
+    of it, ``[src, wei, dst, -wei, -src, out, copy, -dst, -out]``. A further constant ~60 KB buffer seen
+    in the measurement (primitive scratchpad) is not modelled.
+    """
+    dense = nbytes(out)
+    src, wei = nbytes(x), nbytes(weight)
+    return alloc_peak([src, wei, dense, -wei, -src, dense, dense, -dense, -dense]) - dense
+
+
+def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_defined: bool,
+                  groups: int, mask: Sequence[bool], outs: Sequence[Any], b: int) -> int:
+    """Scratch of ``mkldnn_convolution_backward`` (aten/src/ATen/native/mkldnn/Conv.cpp), float32.
+
+    backward_data: grad_output reordered to nChw16c (nChw8c below AVX-512), weights reordered, a blocked
+    grad_input then copied dense. backward_weights: grad_output reordered again, the source reordered (nchw
+    kept for ic <= 3, 8-channel blocks for 4 <= ic <= 8), blocked grad_weight/grad_bias then copied dense.
+    A non-contiguous grad_output is first made contiguous. oneDNN's bwd-weights reduction scratchpad
+    (per-thread partial sums, a few tens of KB) and the bwd-data scratchpad of strided convolutions are not
+    modelled.
+    """
+    n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, grad_out)
+    contiguous = 0 if grad_out.is_contiguous() else nbytes(grad_out)
+    seq = [contiguous]
+    if mask[0]:
+        gy = n * round_up(o, b) * s_out * e
+        wei = _conv_weight_blocked(c, o, k, groups, e, b, False)
+        gx_blocked = n * round_up(c, b) * s_in * e
+        gx = nbytes(x)
+        seq += [gy, wei, gx_blocked, -wei, -gy, gx, -gx_blocked]
+    if mask[1] or mask[2]:
+        first = groups == 1 and c <= 3
+        bc = 8 if groups == 1 and 4 <= c <= 8 else b
+        gy = n * round_up(o, bc) * s_out * e
+        src = 0 if first else n * round_up(c, bc) * s_in * e
+        if groups == 1:
+            gw_blocked = round_up(o, bc) * (c if first else round_up(c, bc)) * k * e
+        else:
+            gw_blocked = _conv_weight_blocked(c, o, k, groups, e, b, False)
+        gb = o * e if bias_defined else 0
+        seq += [gy, src, gw_blocked, gb, -src, -gy, gb, nbytes(weight), -gw_blocked, -gb]
+    fresh = sum(nbytes(t) for t in outs if isinstance(t, torch.Tensor))
+    return max(alloc_peak(seq) - fresh, 0)

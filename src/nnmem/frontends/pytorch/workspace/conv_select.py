@@ -1,0 +1,148 @@
+"""Which kernel ATen runs a CPU convolution on, and the note when no rule models that kernel's scratch.
+
+:func:`conv_call` reads a convolution's arguments into a :class:`ConvCall`; :func:`conv_backend` follows the
+CPU branch of ATen's ``_select_conv_backend`` (aten/src/ATen/native/Convolution.cpp), keyed on oneDNN's
+effective ISA (:mod:`nnmem.cpu`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nnmem.cpu import CpuInfo
+from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, dtype_name
+
+
+@dataclass(frozen=True, slots=True)
+class ConvCall:
+    """One convolution as ATen's ``_convolution`` sees it: a 1-D one as 2-D with height 1 (``view1d_as_2d``).
+
+    Only shapes, dtypes and layouts: a rule never runs a tensor op. ``layout`` of a tensor is
+    "contiguous", "channels_last" or "strided".
+    """
+
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    dtype: torch.dtype
+    itemsize: int
+    x_layout: str
+    w_layout: str
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    transposed: bool
+    output_padding: tuple[int, ...]
+    groups: int
+    one_d: bool
+
+    @property
+    def x_bytes(self) -> int:
+        return math.prod(self.x_shape) * self.itemsize
+
+    @property
+    def w_bytes(self) -> int:
+        return math.prod(self.w_shape) * self.itemsize
+
+
+def tensor_layout(t: torch.Tensor) -> str:
+    """A tensor's layout: "contiguous", "channels_last" (4-D only) or "strided"."""
+    if t.is_contiguous():
+        return "contiguous"
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    return "strided"
+
+
+def _expand(value: Any, dims: int, default: int) -> tuple[int, ...]:
+    if value is None:
+        return (default,) * dims
+    values = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+    return tuple(values * dims if len(values) == 1 else values)
+
+
+def conv_call(x: torch.Tensor, weight: torch.Tensor, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+              transposed: bool = False, output_padding: Any = 0, groups: int = 1) -> ConvCall | None:
+    """Normalise a convolution's arguments; None where a rule cannot read them (string padding, odd ranks)."""
+    if isinstance(padding, str) or x.dim() not in (3, 4, 5) or weight.dim() != x.dim():
+        return None
+    dims = x.dim() - 2
+    stride, padding = _expand(stride, dims, 1), _expand(padding, dims, 0)
+    dilation, output_padding = _expand(dilation, dims, 1), _expand(output_padding, dims, 0)
+    x_shape, w_shape = tuple(int(d) for d in x.shape), tuple(int(d) for d in weight.shape)
+    x_layout, w_layout = tensor_layout(x), tensor_layout(weight)
+    if dims == 1:  # Convolution.cpp _convolution: input.contiguous(), view1d_as_2d(), view4d()
+        x_shape, w_shape = (*x_shape[:2], 1, x_shape[2]), (*w_shape[:2], 1, w_shape[2])
+        stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
+        output_padding = (0, *output_padding)
+        w_layout = "contiguous" if w_layout == "contiguous" else "strided"
+    return ConvCall(x_shape, w_shape, x.dtype, x.element_size(), x_layout, w_layout, stride, padding, dilation,
+                    bool(transposed), output_padding, int(groups), dims == 1)
+
+
+def conv_backend(call: ConvCall, info: CpuInfo) -> str:
+    """The CPU branch of ATen's ``_select_conv_backend`` (aten/src/ATen/native/Convolution.cpp).
+
+    ``ConvParams::use_mkldnn``: bfloat16 and float16 go to oneDNN only where ideep reports the type supported
+    (``mkldnn_bf16_device_check`` / ``mkldnn_fp16_device_check`` in mkldnn/Utils.h, i.e. oneDNN's effective
+    ISA); float32 goes unless its heuristic prefers the native kernels (batch 1 and small kernels). Otherwise
+    the native kernels: ``thnn_conv2d`` (ConvolutionMM2d.cpp), the dilated, transposed and 3-D ones, NNPACK.
+
+    Returns:
+        "mkldnn", "mkldnn_transpose", "slow2d", "slow_dilated2d", "slow_transpose2d", "slow3d",
+        "slow_dilated3d", "slow_transpose3d" or "nnpack".
+    """
+    dilated = any(d != 1 for d in call.dilation)
+    if _use_mkldnn(call, info, dilated):
+        return "mkldnn_transpose" if call.transposed else "mkldnn"
+    dim = "3d" if len(call.x_shape) == 5 else "2d"
+    if call.transposed:
+        return f"slow_transpose{dim}"
+    if dilated:
+        return f"slow_dilated{dim}"
+    return "nnpack" if dim == "2d" and _use_nnpack(call) else f"slow{dim}"
+
+
+def _use_mkldnn(call: ConvCall, info: CpuInfo, dilated: bool) -> bool:
+    """``ConvParams::use_mkldnn`` for a dense CPU tensor."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return False
+    if call.transposed and any(p >= s for p, s in zip(call.output_padding, call.stride)):
+        return False
+    if call.dtype == torch.bfloat16:
+        return info.onednn_bf16
+    if call.dtype == torch.float16:
+        return info.onednn_fp16
+    if call.dtype != torch.float32:
+        return False
+    n, c, h, w = call.x_shape[:4]
+    kh, kw = call.w_shape[-2], call.w_shape[-1]
+    strided = any(s != 1 for s in call.stride)
+    # "For 1x1 filters, MKLDNN is faster than THNN when multi-threaded"; "for some case, native is faster"
+    return ((strided or dilated or n >= 16 or kw != 1 or kh != 1 or torch.get_num_threads() > 1)
+            and (call.groups > 1 or (kw > 3 and kh > 3) or n > 1 or n * c * h * w > 20480))
+
+
+def _use_nnpack(call: ConvCall) -> bool:
+    """``ConvParams::use_nnpack`` (reached only when oneDNN declined a float32 convolution)."""
+    kh, kw = call.w_shape[2], call.w_shape[3]
+    return bool(torch.backends.nnpack.is_available() and torch._C._get_nnpack_enabled()
+                and call.dtype == torch.float32 and kh < 17 and kw < 17 and call.padding[0] < kh
+                and call.padding[1] < kw and call.x_shape[0] >= 16)
+
+
+def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
+    """Why this convolution's scratch is not modelled on this CPU, or None when a rule models it."""
+    backend, kind = conv_backend(call, info), dtype_name(call.dtype)
+    if backend.startswith("mkldnn") and call.dtype != torch.float32:
+        return f"{kind} convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
+    if backend == "mkldnn" and call.x_layout != "contiguous" and not call.one_d:
+        return f"{call.x_layout} convolution input through oneDNN: {NOT_MODELLED}"
+    if backend.startswith("mkldnn") and len(call.x_shape) == 5:
+        return f"3-D convolution through oneDNN: {NOT_MODELLED}"
+    if backend not in ("mkldnn", "mkldnn_transpose", "slow2d"):
+        return f"{kind} convolution on ATen's {backend} kernel (oneDNN ISA {info.isa}): {NOT_MODELLED}"
+    return None
