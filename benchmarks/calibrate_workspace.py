@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import os
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from nnmem.cpu import describe
+from nnmem.frontends.pytorch.measure import quiet_stderr
 from nnmem.frontends.pytorch.workspace import WorkspaceRules, note_for
 
 __all__ = ["OpMeasure", "measure_ops", "main"]
@@ -134,19 +133,6 @@ def _events(prof: Any) -> tuple[dict[int, tuple[int, int]], list[tuple[int, int,
     return ranges, allocs
 
 
-@contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def measure_ops(fn: Callable[[], Any], *, training: bool, prime: bool = True) -> list[OpMeasure]:
     """Run ``fn`` for real (twice when ``prime``) and measure every dispatch-level op of the last run.
 
@@ -158,7 +144,7 @@ def measure_ops(fn: Callable[[], Any], *, training: bool, prime: bool = True) ->
     Returns:
         One record per op the dispatch mode saw, in order.
     """
-    with _quiet_stderr():
+    with quiet_stderr():
         if prime:
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
                 fn()
