@@ -132,3 +132,14 @@ def test_a_kernel_path_no_rule_models_on_this_cpu_is_named_in_the_report() -> No
     through_onednn = cpu.describe().onednn_bf16  # else ATen's im2col kernel, which a rule models
     assert any("not modelled" in n and "bfloat16" in n for n in report.notes) == through_onednn
     assert report.meta["cpu.isa"] == cpu.describe().isa
+
+
+@pytest.mark.accuracy
+def test_a_channels_last_convolution_is_modelled_and_matches_its_measurement() -> None:
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(32, 64, 1))
+    x = torch.randn(8, 3, 32, 32).to(memory_format=torch.channels_last)
+    estimate = nnmem.estimate(model, (x,), mode="infer")
+    measured = nnmem.measure(model, (x,), mode="infer")
+    assert not any("not modelled" in n for n in estimate.notes)
+    e, m = estimate.peaks["allocator"], measured.peaks["allocator"]
+    assert abs(e - m) <= 0.02 * m, f"estimated {e:,} B, measured {m:,} B ({(e - m) / m:+.2%})"
