@@ -78,7 +78,12 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
     """
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                            device=device, input_shape=input_shape)
-    budget_bytes, level = _budget(budget, device)
+    return _search(request, *_budget(budget, device), upper=upper, progress=progress)
+
+
+def _search(request: StepRequest, budget_bytes: int, level: str, *, upper: int = 1 << 20,
+            progress: Progress | None = None) -> FitResult:
+    """The largest batch of a checked request within ``budget_bytes`` at ``level``."""
     frontend, trace_at = _tracer(request)
     return search_max_batch(trace_at, budget_bytes, level, upper=upper, progress=progress,
                             peak_of=frontend.peak_of(request))
@@ -91,13 +96,13 @@ def fit(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cp
 
     Takes the arguments of :func:`max_batch`; returns each mode's answer and the level it was searched at.
     """
-    results = tuple((mode, max_batch(model, inputs, budget=budget, device=device, mode=mode, optimizer=optimizer,
-                                     loss_fn=loss_fn, target=target, input_shape=input_shape, progress=progress))
-                    for mode in modes)
+    budget_bytes, level = _budget(budget, device)
+    requests = [step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
+                             device=device, input_shape=input_shape) for mode in modes]
+    results = tuple((r.mode, _search(r, budget_bytes, level, progress=progress)) for r in requests)
     optimizer_name = optimizer if isinstance(optimizer, str) or optimizer is None else type(optimizer).__name__
-    name = step_request(model, inputs, device=device).name
-    return Fits(model=name, device=device, level=_budget(budget, device)[1], optimizer=optimizer_name,
-                results=results)
+    return Fits(model=requests[0].name if requests else str(model), device=device, level=level,
+                optimizer=optimizer_name, results=results)
 
 
 def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", optimizer: Any = None,
