@@ -15,68 +15,24 @@ from collections.abc import Callable
 from typing import Any
 
 from nnmem.cpu import CpuInfo, describe
-from nnmem.frontends.pytorch.workspace._common import aten
-from nnmem.frontends.pytorch.workspace.conv import (
-    rule_conv_nd,
-    rule_conv_transpose_nd,
-    rule_convolution,
-    rule_convolution_backward,
-)
+from nnmem.frontends.pytorch.workspace import conv, misc, rnn
 from nnmem.frontends.pytorch.workspace.conv_select import ConvCall, conv_backend, conv_call
-from nnmem.frontends.pytorch.workspace.misc import (
-    rule_batch_norm_infer,
-    rule_embedding_backward,
-    rule_max_pool2d,
-    rule_max_pool2d_backward,
-    rule_native_batch_norm,
-    rule_native_batch_norm_backward,
-    rule_transformer_encoder_layer_fwd,
-)
 from nnmem.frontends.pytorch.workspace.notes import note_for
-from nnmem.frontends.pytorch.workspace.rnn import (
-    lstm_workspace_bytes,
-    rule_gru_infer,
-    rule_lstm_infer,
-    rule_mkldnn_rnn_layer,
-    rule_mkldnn_rnn_layer_backward,
-    sizes_mkldnn_rnn_layer,
-    unalias_rnn_backward,
-)
+from nnmem.frontends.pytorch.workspace.rnn import lstm_workspace_bytes
 
 __all__ = ["RULES", "ConvCall", "WorkspaceRules", "conv_backend", "conv_call", "lstm_workspace_bytes", "note_for"]
 
 Rule = Callable[[tuple[Any, ...], dict[str, Any], Any, bool, CpuInfo], int]
 SizeRule = Callable[[tuple[Any, ...], dict[str, Any], Any], "list[int] | None"]
 
-WORKSPACE: dict[Any, Rule] = {
-    aten.convolution.default: rule_convolution,
-    aten.conv1d.default: rule_conv_nd,
-    aten.conv2d.default: rule_conv_nd,
-    aten.conv_transpose1d.default: rule_conv_transpose_nd,
-    aten.conv_transpose2d.input: rule_conv_transpose_nd,
-    aten.convolution_backward.default: rule_convolution_backward,
-    aten.mkldnn_rnn_layer.default: rule_mkldnn_rnn_layer,
-    aten.mkldnn_rnn_layer_backward.default: rule_mkldnn_rnn_layer_backward,
-    aten.native_batch_norm.default: rule_native_batch_norm,
-    aten.native_batch_norm_backward.default: rule_native_batch_norm_backward,
-    aten.batch_norm.default: rule_batch_norm_infer,
-    aten.max_pool2d.default: rule_max_pool2d,
-    aten.max_pool2d_with_indices_backward.default: rule_max_pool2d_backward,
-    aten.lstm.input: rule_lstm_infer,
-    aten.gru.input: rule_gru_infer,
-    aten.embedding_dense_backward.default: rule_embedding_backward,
-    aten._transformer_encoder_layer_fwd.default: rule_transformer_encoder_layer_fwd,
-}
-
-SIZES: dict[Any, SizeRule] = {
-    aten.mkldnn_rnn_layer.default: sizes_mkldnn_rnn_layer,
-}
-
 FakeFix = Callable[[tuple[Any, ...], dict[str, Any], Any], Any]
 
-FAKE_OUTPUTS: dict[Any, FakeFix] = {
-    aten.mkldnn_rnn_layer_backward.default: unalias_rnn_backward,
-}
+# Each family module registers its rules in its own WORKSPACE / SIZES / FAKE_OUTPUTS tables (op overload →
+# rule); a module that registers none of one kind has no such table.
+_FAMILIES = (conv, misc, rnn)
+WORKSPACE: dict[Any, Rule] = {op: rule for m in _FAMILIES for op, rule in getattr(m, "WORKSPACE", {}).items()}
+SIZES: dict[Any, SizeRule] = {op: rule for m in _FAMILIES for op, rule in getattr(m, "SIZES", {}).items()}
+FAKE_OUTPUTS: dict[Any, FakeFix] = {op: fix for m in _FAMILIES for op, fix in getattr(m, "FAKE_OUTPUTS", {}).items()}
 
 
 class WorkspaceRules:

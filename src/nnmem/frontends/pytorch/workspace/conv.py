@@ -104,3 +104,13 @@ CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | Non
     aten.conv_transpose2d.input: _call_conv_transpose_nd,
     aten.convolution_backward.default: _call_convolution_backward,
 }
+
+
+WORKSPACE = {
+    aten.convolution.default: rule_convolution,
+    aten.conv1d.default: rule_conv_nd,
+    aten.conv2d.default: rule_conv_nd,
+    aten.conv_transpose1d.default: rule_conv_transpose_nd,
+    aten.conv_transpose2d.input: rule_conv_transpose_nd,
+    aten.convolution_backward.default: rule_convolution_backward,
+}

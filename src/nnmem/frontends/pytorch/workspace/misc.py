@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from nnmem.cpu import CpuInfo
-from nnmem.frontends.pytorch.workspace._common import nbytes
+from nnmem.frontends.pytorch.workspace._common import aten, nbytes
 
 
 def rule_embedding_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
@@ -68,3 +68,14 @@ def rule_max_pool2d_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out:
     if grad_out.dim() != 4 or grad_out.is_contiguous(memory_format=last) == x.is_contiguous(memory_format=last):
         return 0
     return nbytes(x) + 2 * grad_out.numel() * 4
+
+
+WORKSPACE = {
+    aten.native_batch_norm.default: rule_native_batch_norm,
+    aten.native_batch_norm_backward.default: rule_native_batch_norm_backward,
+    aten.batch_norm.default: rule_batch_norm_infer,
+    aten.max_pool2d.default: rule_max_pool2d,
+    aten.max_pool2d_with_indices_backward.default: rule_max_pool2d_backward,
+    aten.embedding_dense_backward.default: rule_embedding_backward,
+    aten._transformer_encoder_layer_fwd.default: rule_transformer_encoder_layer_fwd,
+}

@@ -244,3 +244,13 @@ def unalias_rnn_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     if not isinstance(out, tuple) or len(out) != 7 or out[3] is not out[4]:
         return out
     return (*out[:4], torch.empty_like(out[4]), *out[5:])
+
+
+WORKSPACE = {
+    aten.mkldnn_rnn_layer.default: rule_mkldnn_rnn_layer,
+    aten.mkldnn_rnn_layer_backward.default: rule_mkldnn_rnn_layer_backward,
+    aten.lstm.input: rule_lstm_infer,
+    aten.gru.input: rule_gru_infer,
+}
+SIZES = {aten.mkldnn_rnn_layer.default: sizes_mkldnn_rnn_layer}
+FAKE_OUTPUTS = {aten.mkldnn_rnn_layer_backward.default: unalias_rnn_backward}
