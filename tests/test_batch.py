@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import nnmem  # noqa: E402
+from nnmem.report.text import render_explanation  # noqa: E402
 
 
 def _mlp() -> nn.Module:
@@ -62,3 +63,18 @@ def test_bad_budget() -> None:
         nnmem.max_batch(_mlp(), (torch.randn(8, 256),), budget="16 gigs")
     with pytest.raises(nnmem.ConfigError, match="budget"):
         nnmem.max_batch(_mlp(), (torch.randn(8, 256),))
+
+
+def test_explain_says_which_gradients_are_live_at_the_peak() -> None:
+    exp = nnmem.explain(_mlp(), (torch.randn(8, 256),), budget="8MiB", optimizer="adam")
+    assert exp.train.peak_phase == "backward"
+    text = render_explanation(exp, model="mlp")
+    live = exp.train.fixed_by_category["gradients"]
+    assert f"{live / exp.gradient_bytes:.0%}) are live" in text
+
+
+def test_large_budget_is_searched_without_a_cap() -> None:
+    """16 GiB holds millions of this MLP's samples: the answer comes from the curve, verified by a trace."""
+    fit = nnmem.max_batch(_mlp(), (torch.randn(8, 256),), budget="16GiB", mode="infer")
+    assert fit.batch > 1 << 20 and not fit.at_limit and fit.traces == 3
+    assert fit.peak_bytes <= 16 * 2**30 < fit.next_peak_bytes

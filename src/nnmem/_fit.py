@@ -62,7 +62,7 @@ def batch_curve(model: Any, inputs: Any = None, *, mode: str = "train", optimize
 
 def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", mode: str = "train",
               optimizer: Any = None, loss_fn: Callable[..., Any] | None = None, target: Any = None,
-              input_shape: Any = None, upper: int = 1 << 20, progress: Progress | None = None) -> FitResult:
+              input_shape: Any = None, upper: int | None = None, progress: Progress | None = None) -> FitResult:
     """The largest batch whose step peak fits ``budget`` (or the device's usable memory).
 
     Args:
@@ -70,7 +70,7 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
         budget: bytes or a size text such as "16GiB".
         device: "cpu", "cuda" or a catalog name (``nnmem devices``) whose usable memory is the budget. On a
             CUDA device the batch is searched at the reserved level of nnmem's caching-allocator model.
-        upper: the largest batch considered.
+        upper: the largest batch considered (None: no limit; the search extrapolates and verifies by trace).
         progress: called with a short message before each trace.
 
     Returns:
@@ -81,7 +81,7 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
     return _search(request, *_budget(budget, device), upper=upper, progress=progress)
 
 
-def _search(request: StepRequest, budget_bytes: int, level: str, *, upper: int = 1 << 20,
+def _search(request: StepRequest, budget_bytes: int, level: str, *, upper: int | None = None,
             progress: Progress | None = None) -> FitResult:
     """The largest batch of a checked request within ``budget_bytes`` at ``level``."""
     frontend, trace_at = _tracer(request)

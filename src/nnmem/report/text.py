@@ -228,7 +228,7 @@ def render_fits(fits: Iterable[tuple[str, FitResult]], *, budget_label: str, lev
     table.add_column("traces", justify="right", no_wrap=True)
     for mode, fit in fits:
         fits_none = fit.batch == 0
-        shown = "none fits" if fits_none else (f"≥ {fit.batch:,} (search limit)" if fit.at_limit else f"{fit.batch:,}")
+        shown = "none fits" if fits_none else _fit_batch(fit)
         table.add_row(mode, shown,
                       format_bytes(fit.peak_bytes) if not fits_none else "—",
                       format_bytes(fit.headroom_bytes) if not fits_none else "—",
@@ -249,24 +249,42 @@ def _per_sample_list(items: dict[str, int], limit: int = 4) -> str:
 
 
 def _fit_batch(fit: FitResult) -> str:
-    return f"at least {fit.batch:,} (the search limit)" if fit.at_limit else f"{fit.batch:,}"
+    return f"at least {fit.batch:,} (the upper limit asked for)" if fit.at_limit else f"{fit.batch:,}"
+
+
+def _gradients_at_peak(exp: Explanation) -> str:
+    """Which share of the gradients is live at the training peak, and why."""
+    live, total = exp.train.fixed_by_category.get("gradients", 0), exp.gradient_bytes
+    where = " ".join(x for x in (exp.train.peak_phase, f"of {exp.train.peak_layer}" if exp.train.peak_layer else "")
+                     if x)
+    at = f"At the training peak ({where})" if where else "At the training peak"
+    if not total:
+        return ""
+    if live >= total:
+        return f"{at} all of them are live."
+    if not live:
+        return f"{at} none of them is live yet."
+    share = f"{live / total:.0%}" if live / total >= 0.01 else f"{live / total:.1%}"
+    return (f"{at} {format_bytes(live)} of them ({share}) are live: backward computes them layer by "
+            "layer from the output back, and the layers it has not reached yet have none yet.")
 
 
 def render_explanation(exp: Explanation, *, model: str, width: int = 120) -> str:
     """Training next to inference in plain sentences with the model's own figures."""
     train, infer = exp.train, exp.infer
     lines = [f"why training and inference of {model} fit different batch sizes", ""]
-    lines.append(f"Training needs {format_bytes(train.fixed_bytes)} whatever the batch "
+    lines.append(f"At its peak, training holds {format_bytes(train.fixed_bytes)} whatever the batch "
                  f"({_per_sample_list(train.fixed_by_category)}) and {format_bytes(train.per_sample_bytes)} "
                  f"more per sample ({_per_sample_list(train.per_sample_by_category)}).")
-    lines.append(f"Inference needs {format_bytes(infer.fixed_bytes)} whatever the batch "
+    lines.append(f"At its peak, inference holds {format_bytes(infer.fixed_bytes)} whatever the batch "
                  f"({_per_sample_list(infer.fixed_by_category)}) and {format_bytes(infer.per_sample_bytes)} "
                  f"more per sample ({_per_sample_list(infer.per_sample_by_category)}).")
     lines.append(f"A training sample costs {exp.per_sample_ratio:.1f}× an inference sample.")
     lines.append("")
-    lines.append(f"Gradients take {format_bytes(exp.gradient_bytes)}: the size of the trainable parameters, "
-                 "the same at batch 1 and at batch 10,000. Training does not store a gradient per sample; "
-                 "backward sums each sample's contribution into one gradient per parameter.")
+    lines.append(f"The gradients take {format_bytes(exp.gradient_bytes)} in all: the size of the trainable "
+                 "parameters, the same at batch 1 and at batch 10,000. Training does not store a gradient per "
+                 "sample; backward sums each sample's contribution into one gradient per parameter. "
+                 + _gradients_at_peak(exp))
     lines.append("What grows per sample in training is the activations each layer saves for backward; "
                  "inference keeps only the working set of the layers running at the moment.")
     if exp.saved_per_sample:

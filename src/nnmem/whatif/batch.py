@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nnmem.errors import ConfigError
+from nnmem.errors import ConfigError, UnsupportedError
 from nnmem.simulate import Simulation, simulate
 from nnmem.trace import Trace
 
@@ -51,16 +51,23 @@ class BatchCurve:
         values = [a + c * batch for a, c in zip(self.intercepts, self.slopes)]
         return max(range(len(values)), key=values.__getitem__)
 
-    def largest_batch_within(self, budget: int, upper: int) -> int:
-        """Largest batch in [0, upper] whose predicted peak is <= budget (0 when none fits)."""
-        lo, hi = 0, upper
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.peak(mid) <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+    def largest_batch(self, budget: int) -> int:
+        """Largest batch whose predicted peak is <= budget, however large (0 when none fits).
+
+        Raises:
+            UnsupportedError: no op's bytes grow with the batch, so every batch fits.
+        """
+        growing = [(a, c) for a, c in zip(self.intercepts, self.slopes) if c > 0]
+        if not growing:
+            raise UnsupportedError("the step's memory does not grow with the batch: no largest batch to search")
+        if any(a > budget for a, c in zip(self.intercepts, self.slopes) if c <= 0):
+            return 0
+        batch = max(int(min((budget - a) // c for a, c in growing)), 0)
+        while batch > 0 and self.peak(batch) > budget:  # float rounding at the boundary
+            batch -= 1
+        while self.peak(batch + 1) <= budget:
+            batch += 1
+        return batch
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (per-op intercepts and slopes in bytes and bytes per sample)."""
@@ -131,7 +138,7 @@ class Fits:
 
 
 def batch_ratio(train: FitResult | None, infer: FitResult | None) -> float | None:
-    """Inference max batch / training max batch, when both are known, non-zero and not at the search limit."""
+    """Inference max batch / training max batch, when both are known, non-zero and not at the upper limit asked for."""
     if train is None or infer is None or not train.batch or not infer.batch or train.at_limit or infer.at_limit:
         return None
     return infer.batch / train.batch
@@ -159,51 +166,156 @@ def fit_curve(first: Trace, second: Trace, b1: int, b2: int, level: str) -> Batc
     return BatchCurve(level, intercepts, slopes, (b1, b2), cats)
 
 
-def search_max_batch(trace_at: TraceAt, budget: int, level: str, *, upper: int = 1 << 20,
+def search_max_batch(trace_at: TraceAt, budget: int, level: str, *, upper: int | None = None,
                      progress: Callable[[str], None] | None = None,
                      peak_of: Callable[[Trace], int] | None = None) -> FitResult:
-    """Find the largest batch whose peak at ``level`` is <= ``budget``.
+    """Find the largest batch whose peak at ``level`` is <= ``budget``, whatever its size.
+
+    Traces at batch 2 and 4 give the piecewise-affine curve; its crossing with the budget is traced. When
+    that trace lies on the curve op by op, the answer is exact (3 traces). Where a kernel's scratch is not
+    affine over the whole range (it changes regime at some batch), the curve is refitted from the two traced
+    batches nearest the crossing, which soon lie in one regime, and the search ends when the largest batch
+    that fits and the next one are both traced, or the last trace lies on the refitted curve.
 
     Args:
         trace_at: traces the step at a batch size.
         budget: bytes available.
         level: the level that decides an OOM ("allocator" on CPU).
-        upper: largest batch considered.
+        upper: largest batch considered (None: no limit); an answer there has ``at_limit`` set.
         progress: called with a short message before each trace.
         peak_of: the peak of a trace when it is not a simulated level (CUDA's reserved level, which
-            moves in whole segments and is not affine in the batch): the search then bisects over traces.
+            moves in whole segments and is not affine in the batch): its crossing is found by secant steps
+            on the traced peaks, bracketed.
 
     Returns:
-        The answer, checked by traces at ``batch`` and ``batch + 1``.
+        The answer, checked by traces (or by a trace on an op-wise affine curve) at ``batch`` and ``batch + 1``.
+
+    Raises:
+        UnsupportedError: the step's memory does not grow with the batch, so no largest batch exists.
     """
     if budget <= 0:
         raise ConfigError(f"expected a positive budget in bytes. Received: {budget}")
-    cache: dict[int, Trace] = {}
+    return _Search(trace_at, budget, level, upper, progress, peak_of).run()
 
-    def peak(batch: int) -> int:
-        if batch not in cache:
-            if progress:
-                progress(f"tracing batch {batch}")
-            cache[batch] = trace_at(batch)
-        return peak_of(cache[batch]) if peak_of is not None else simulate(cache[batch]).peaks[level]
 
-    if peak_of is not None:
-        return _bisect(peak, budget, upper, None, cache)
-    b1, b2 = 2, 4  # batch 1 is avoided: some kernels special-case it
-    peak(b1)
-    peak(b2)
-    curve = fit_curve(cache[b1], cache[b2], b1, b2, level)
-    if curve is not None:
-        guess = max(curve.largest_batch_within(budget, upper), 1)
-        peak(guess)
-        if _matches(curve, cache[guess], guess, level):
-            # three traces agree op by op, so every op is affine here and the curve gives b + 1 exactly
-            next_peak = curve.peak(guess + 1)
-            if peak(guess) <= budget < next_peak:
-                return FitResult(guess, peak(guess), next_peak, budget, len(cache), curve)
-            if guess == 1 and peak(1) > budget:
-                return FitResult(0, 0, peak(1), budget, len(cache), curve)
-    return _bisect(peak, budget, upper, curve, cache)
+class _Search:
+    """The state of one max-batch search: every traced batch and its peak, the bracket around the answer."""
+
+    MAX_STEPS = 40  # secant or bisection steps before plain bisection (a bisection halves the bracket)
+
+    def __init__(self, trace_at: TraceAt, budget: int, level: str, upper: int | None,
+                 progress: Callable[[str], None] | None, peak_of: Callable[[Trace], int] | None) -> None:
+        self.trace_at, self.budget, self.level, self.upper = trace_at, budget, level, upper
+        self.progress, self.peak_of = progress, peak_of
+        self.traces: dict[int, Trace] = {}
+        self.peaks: dict[int, int] = {}
+        self.first_curve: BatchCurve | None = None
+
+    def peak(self, batch: int) -> int:
+        if batch not in self.peaks:
+            if self.progress:
+                self.progress(f"tracing batch {batch:,}")
+            trace = self.trace_at(batch)
+            self.traces[batch] = trace
+            self.peaks[batch] = self.peak_of(trace) if self.peak_of is not None else simulate(trace).peaks[self.level]
+        return self.peaks[batch]
+
+    def result(self, batch: int, next_peak: int, curve: BatchCurve | None, at_limit: bool = False) -> FitResult:
+        peak = self.peak(batch) if batch else 0
+        return FitResult(batch, peak, next_peak, self.budget, len(self.traces), curve or self.first_curve, at_limit)
+
+    def bracket(self) -> tuple[int, int | None]:
+        """The largest traced batch that fits (0: none) and the smallest traced one that does not (None)."""
+        fits = [b for b, p in self.peaks.items() if p <= self.budget]
+        over = [b for b, p in self.peaks.items() if p > self.budget]
+        return max(fits, default=0), min(over, default=None)
+
+    def run(self) -> FitResult:
+        b1, b2 = 2, 4  # batch 1 is avoided: some kernels special-case it
+        if self.upper is not None and self.upper < b2:
+            return self.bisect()
+        self.peak(b1)
+        self.peak(b2)
+        order = [b1, b2]  # traced batches, oldest first
+        slow = False  # the last step did not halve the bracket: the next one bisects (as Dekker's method does)
+        for _ in range(self.MAX_STEPS):
+            lo, hi = self.bracket()
+            if hi is not None and hi == lo + 1:
+                return self.result(lo, self.peaks[hi], None)
+            if self.upper is not None and lo >= self.upper:
+                return self.result(self.upper, self.peak(self.upper), None, at_limit=True)
+            curve = None
+            if hi is not None and slow:
+                guess = (lo + hi) // 2
+            else:  # secant through the two latest traces: they come to lie in the regime of the crossing
+                a, b = sorted(order[-2:])
+                guess, curve = self.predict(a, b)
+                if curve is not None and self.first_curve is None:
+                    self.first_curve = curve
+            guess = max(guess, lo + 1)
+            if hi is not None:
+                guess = min(guess, hi - 1)
+            if self.upper is not None:
+                guess = min(guess, self.upper)
+            if guess in self.peaks:  # the clamped prediction is traced already: bisect instead
+                guess = (lo + hi) // 2 if hi is not None else 2 * lo
+            fits = self.peak(guess) <= self.budget
+            order.append(guess)
+            new_lo, new_hi = self.bracket()
+            halved = hi is not None and new_hi is not None and 2 * (new_hi - new_lo) <= hi - lo
+            slow = hi is not None and not halved and not slow
+            if fits and curve is not None and self.peak_of is None \
+                    and _matches(curve, self.traces[guess], guess, self.level):
+                next_peak = curve.peak(guess + 1)  # three traces agree op by op: every op is affine here
+                if next_peak > self.budget:
+                    return self.result(guess, next_peak, curve)
+            if guess == 1 and not fits:
+                return self.result(0, self.peaks[1], curve)
+        return self.bisect()
+
+    def pair(self, lo: int, hi: int | None) -> tuple[int, int]:
+        """The two traced batches nearest the crossing: the bracket, else the two largest (all fit) or the two
+        smallest (none fits)."""
+        ordered = sorted(self.peaks)
+        if hi is None:
+            return ordered[-2], ordered[-1]
+        return (lo, hi) if lo else (ordered[0], ordered[1])
+
+    def predict(self, a: int, b: int) -> tuple[int, BatchCurve | None]:
+        """The largest batch within the budget on the line through traced batches ``a`` < ``b``: op by op
+        when their ops line up (and the level is simulated), else on their peaks."""
+        curve = None if self.peak_of is not None else fit_curve(self.traces[a], self.traces[b], a, b, self.level)
+        if curve is not None:
+            return curve.largest_batch(self.budget), curve
+        pa, pb = self.peaks[a], self.peaks[b]
+        if pb <= pa:  # a whole-segment level can stay flat between two batches: look further out, or bisect
+            lo, hi = self.bracket()
+            return (2 * b if hi is None else (lo + hi) // 2), None
+        return a + int((self.budget - pa) * (b - a) // (pb - pa)), None
+
+    def bisect(self) -> FitResult:
+        """Exponential then binary search over traced peaks (the curves did not settle the answer)."""
+        if self.peak(1) > self.budget:
+            return self.result(0, self.peaks[1], None)
+        lo, hi = self.bracket()
+        lo = max(lo, 1)
+        while hi is None:
+            step = lo * 2
+            if self.upper is not None and step > self.upper:
+                if self.peak(self.upper) <= self.budget:
+                    return self.result(self.upper, self.peaks[self.upper], None, at_limit=True)
+                hi = self.upper
+            elif self.peak(step) <= self.budget:
+                lo = step
+            else:
+                hi = step
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.peak(mid) <= self.budget:
+                lo = mid
+            else:
+                hi = mid
+        return self.result(lo, self.peaks[hi], None)
 
 
 def _matches(curve: BatchCurve, trace: Trace, batch: int, level: str) -> bool:
@@ -212,23 +324,3 @@ def _matches(curve: BatchCurve, trace: Trace, batch: int, level: str) -> bool:
         return False
     series = (trace.resident_bytes, *_series(simulate(trace), level))
     return all(abs(a + c * batch - v) < 1.0 for a, c, v in zip(curve.intercepts, curve.slopes, series))
-
-
-def _bisect(peak: Callable[[int], int], budget: int, upper: int, curve: BatchCurve | None,
-            cache: dict[int, Trace]) -> FitResult:
-    """Exponential then binary search over traced peaks (the curve did not answer exactly)."""
-    if peak(1) > budget:
-        return FitResult(0, 0, peak(1), budget, len(cache), curve)
-    lo, hi = 1, 2
-    while hi <= upper and peak(hi) <= budget:
-        lo, hi = hi, hi * 2
-    hi = min(hi, upper + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if peak(mid) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    if lo >= upper:
-        return FitResult(upper, peak(upper), peak(upper), budget, len(cache), curve, at_limit=True)
-    return FitResult(lo, peak(lo), peak(lo + 1), budget, len(cache), curve)

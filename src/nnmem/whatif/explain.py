@@ -26,6 +26,9 @@ class ModeFigures:
         per_sample_by_category: the per-sample bytes split by category, at the peak.
         fixed_by_category: the fixed bytes split by category, at the peak.
         fit: the largest batch within the budget, when one was given.
+        peak_phase: the phase of the op that decides the peak ("forward", "backward", "optimizer"; "" before
+            the first op).
+        peak_layer: the layer that op ran for ("" when none).
     """
 
     mode: str
@@ -34,13 +37,16 @@ class ModeFigures:
     per_sample_by_category: dict[str, int]
     fixed_by_category: dict[str, int]
     fit: FitResult | None
+    peak_phase: str = ""
+    peak_layer: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {"mode": self.mode, "fixed_bytes": self.fixed_bytes, "per_sample_bytes": self.per_sample_bytes,
                 "per_sample_by_category": dict(self.per_sample_by_category),
                 "fixed_by_category": dict(self.fixed_by_category),
-                "fit": self.fit.to_dict() if self.fit is not None else None}
+                "fit": self.fit.to_dict() if self.fit is not None else None,
+                "peak_phase": self.peak_phase, "peak_layer": self.peak_layer}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +71,7 @@ class Explanation:
 
     @property
     def batch_ratio(self) -> float | None:
-        """Inference max batch / training max batch, when both are known, non-zero and not at the search limit."""
+        """Inference max batch / training max batch, when both are known, non-zero and below any upper limit."""
         return batch_ratio(self.train.fit, self.infer.fit)
 
     @property
@@ -122,5 +128,6 @@ def mode_figures(mode: str, curve: BatchCurve, first: Trace, second: Trace, batc
             per_cat[cat] = int(round(slope))
         if cat in _FIXED and round(v1 - slope * b1):
             fixed_cat[cat] = int(round(v1 - slope * b1))
+    op = first.ops[index - 1] if index > 0 else None
     return ModeFigures(mode, int(round(curve.intercepts[index])), int(round(curve.slopes[index])), per_cat,
-                       fixed_cat, fit)
+                       fixed_cat, fit, op.phase.value if op is not None else "", op.layer if op is not None else "")
