@@ -134,7 +134,7 @@ class StepTracker(TorchDispatchMode):
             record[3] += self._register(tensor, None, layer, self.phase, index, nbytes)
         if self.phase is Phase.BACKWARD and _is_accumulation(func, args, kwargs, fresh):
             out_block = self.block_of(fresh[0][1])
-            if out_block is not None:
+            if out_block is not None and not args[0]._is_view():  # see _accumulate_in_place
                 self._adds.append((index, out_block, self.block_of(args[0]), self.block_of(args[1])))
         if self.phase is Phase.FORWARD:
             for tensor in tensors:
@@ -187,7 +187,9 @@ class StepTracker(TorchDispatchMode):
         ``old + new`` otherwise. Under a Python dispatch mode (this tracker, fake tensors) every tensor has
         a Python owner, so the sum is always out of place. An ``add`` of two same-sized gradients in
         backward whose first operand dies right after it is such a sum; here its output takes over the
-        operand's block, as the in-place add does in the real run.
+        operand's block, as the in-place add does in the real run. Not when the first operand is a view (a
+        weight's gradient through ``t()``): its base shares its storage, so ``can_accumulate_inplace``
+        (torch/csrc/autograd/input_buffer.cpp: ``storage().use_count() == 1``) refuses it.
         """
         merged: dict[int, int] = {}  # block folded into another → the block that carries its bytes
         for index, out_id, first, second in self._adds:
