@@ -1,0 +1,56 @@
+"""Estimate vs a real measurement on the fixed CI sample of the randomized suite (benchmarks/generalization.py).
+
+The sample is the first cases of the fixed seed's draw, not hand-picked. Per case the targets are the
+issue's: tensor level within 0.5 %, allocator level within 10 % of the measurement. A case whose estimate
+notes a kernel path of this CPU that no rule models is skipped with the note. A case that misses today is
+``xfail(strict=True)`` with the measured figures: when a fix makes it pass, the test fails, and the entry goes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import generalization  # noqa: E402
+
+import nnmem  # noqa: E402
+
+pytestmark = pytest.mark.accuracy
+
+TENSOR_MAX, ALLOCATOR_MAX = 0.005, 0.10
+
+KNOWN_MISSES: dict[int, str] = {
+    16: "Wav2Vec2ForCTC train adagrad b2: the estimate raises (TraceError: aten._local_scalar_dense, a "
+        "data-dependent SpecAugment mask) and the measurement too (a weight_norm-parametrized module cannot be "
+        "pickled to the child)",
+    20: "BartForConditionalGeneration train adagrad b2: tensor estimated 649,956 B, measured 642,212 B (+1.21 %)",
+    22: "GRU over a packed batch, infer b3: the estimate raises (TraceError: aten._pack_padded_sequence reads "
+        "the lengths); measured 18,424 B tensor, 21,256 B allocator",
+}
+"""Sample cases that miss today, by index, with the measured figures (an AVX-512 CPU with bf16)."""
+
+
+def _param(case: generalization.Case) -> object:
+    marks = [pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[case.index])] if case.index in KNOWN_MISSES else []
+    return pytest.param(case, id=case.label, marks=marks)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in generalization.sample()])
+def test_estimate_matches_measurement(case: generalization.Case) -> None:
+    built = case.build()
+    est = nnmem.estimate(built.model, built.inputs, **case.step_args)
+    notes = generalization.unmodelled_notes(est)
+    if notes:
+        pytest.skip(notes)
+    meas = nnmem.measure(built.model, built.inputs, timeout_s=300, **case.step_args)
+    for level, limit in (("tensor", TENSOR_MAX), ("allocator", ALLOCATOR_MAX)):
+        e, m = est.peaks[level], meas.peaks[level]
+        assert abs(e - m) <= limit * m, f"{level}: estimated {e:,} B, measured {m:,} B ({(e - m) / m:+.2%}); " \
+                                        f"{built.config}"
