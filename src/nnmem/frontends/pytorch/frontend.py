@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from nnmem import cpu, cuda
-from nnmem.errors import ConfigError
+from nnmem.errors import ConfigError, MeasureError, first_line
 from nnmem.frontends.base import StepRequest
 from nnmem.frontends.pytorch.step import fake_copy, optimizer_name, trace_fake_step
 from nnmem.frontends.pytorch.workspace import WorkspaceRules
@@ -133,6 +133,7 @@ class PyTorchFrontend:
     def estimate(self, request: StepRequest) -> Report:
         request = self.load(request)
         request, trace, notes = self._trace(request)
+        notes += [str(trace.meta["data_dependent"])] if "data_dependent" in trace.meta else []
         target_cuda = cuda.cuda_target(request.device)
         if target_cuda is not None:
             trace = cuda.without_workspace(trace)
@@ -168,13 +169,21 @@ class PyTorchFrontend:
         return lambda trace: int(cuda_level_peaks(trace, target_cuda)["reserved"])
 
     def measure(self, request: StepRequest, *, timeout_s: float | None) -> Report:
+        import cloudpickle
+
+        from nnmem.frontends.pytorch.portable import dumps
         from nnmem.runner.child import run_in_child
 
-        request = self.load(request)
+        try:  # parametrized modules travel as their class and state
+            payload = dumps(self.load(request))
+        except Exception as err:
+            raise MeasureError(f"the step cannot be sent to the measuring child process: {type(err).__name__}: "
+                               f"{first_line(err)}; define the model at module level or measure a MODEL spec") from err
 
         def work() -> dict[str, Any]:
             from nnmem.frontends.pytorch.measure import measure_step
 
+            request = cloudpickle.loads(payload)
             real = _from_spec(request, request.batch or 1, meta=False)[0] if isinstance(request.model, str) \
                 else request
             inputs = _as_tuple(real.inputs)

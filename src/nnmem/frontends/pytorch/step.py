@@ -14,6 +14,7 @@ import torch
 
 from nnmem import optimizers
 from nnmem.errors import ConfigError, TraceError, first_line
+from nnmem.frontends.pytorch.real_values import RealValues, guess_note
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
 from nnmem.trace import Category, LayerInfo, Phase, Trace
 
@@ -196,16 +197,25 @@ def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: st
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode(allow_non_fake_inputs=False), _swapped(model, fake_copy):
-        inputs, target = fake_copy(tuple(inputs)), fake_copy(target)
+    real_buffers = dict(model.named_buffers())
+    values = RealValues()
+    with FakeTensorMode(allow_non_fake_inputs=False), _swapped(model, fake_copy), values:
+        fakes = fake_copy((tuple(inputs), target))
+        values.bind(fakes, (tuple(inputs), target), copy=True)
+        for name, buffer in model.named_buffers():
+            values.bind(buffer, real_buffers.get(name), copy=True)
+        inputs, target = fakes
         opt = prepare_step(model, mode, optimizer)
         if opt is not None:
             for group in opt.param_groups:
                 for p in group["params"]:
                     p.grad = torch.zeros_like(p)
             opt.step()
-        return trace_prepared(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target,
-                              rules=rules, meta=meta)
+        trace = trace_prepared(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target,
+                               rules=rules, meta=meta)
+    if values.guesses:
+        trace.meta["data_dependent"] = guess_note(values.guesses)
+    return trace
 
 
 def _owners(model: torch.nn.Module) -> dict[int, str]:
