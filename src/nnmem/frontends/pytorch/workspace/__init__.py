@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nnmem.cpu import CpuInfo, describe
-from nnmem.frontends.pytorch.workspace import conv, misc, rnn
+from nnmem.frontends.pytorch.workspace import conv, misc, rnn, rnn_native
 from nnmem.frontends.pytorch.workspace.conv_select import ConvCall, conv_backend, conv_call
 from nnmem.frontends.pytorch.workspace.notes import note_for
 from nnmem.frontends.pytorch.workspace.rnn import lstm_workspace_bytes
@@ -29,7 +29,7 @@ FakeFix = Callable[[tuple[Any, ...], dict[str, Any], Any], Any]
 
 # Each family module registers its rules in its own WORKSPACE / SIZES / FAKE_OUTPUTS tables (op overload →
 # rule); a module that registers none of one kind has no such table.
-_FAMILIES = (conv, misc, rnn)
+_FAMILIES = (conv, misc, rnn, rnn_native)
 WORKSPACE: dict[Any, Rule] = {op: rule for m in _FAMILIES for op, rule in getattr(m, "WORKSPACE", {}).items()}
 SIZES: dict[Any, SizeRule] = {op: rule for m in _FAMILIES for op, rule in getattr(m, "SIZES", {}).items()}
 FAKE_OUTPUTS: dict[Any, FakeFix] = {op: fix for m in _FAMILIES for op, fix in getattr(m, "FAKE_OUTPUTS", {}).items()}

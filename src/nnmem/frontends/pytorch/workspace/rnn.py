@@ -16,6 +16,7 @@ import torch
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, alloc_peak, aten, dtype_name, nbytes, round_up
 from nnmem.frontends.pytorch.workspace.matmul import onednn_matmul
+from nnmem.frontends.pytorch.workspace.rnn_native import NATIVE_INFER, rule_native_infer
 
 _PAGE = 4096  # oneDNN rnn_utils::set_offsets: each workspace section starts on a 4 KiB page
 
@@ -54,7 +55,8 @@ def _lstm_scratchpad(seq_len: int, batch: int, input_size: int, hidden: int, els
 
     Training (forward and backward) merges the layer GEMM over time: scratch_gates for all T steps,
     scratch_ht and scratch_diff_ht. Inference runs the brgemm kernels without a workspace output, so the
-    scratchpad also holds ws_states_layer and ws_states_iter_c, and scratch_gates for a single step.
+    scratchpad also holds ws_states_layer and ws_states_iter_c, and scratch_gates for a single step, or
+    for all T steps at batch 1 ("merged layer compute": rnn_brgemm_utils.cpp, mb <= 1 and T >= 2).
     """
     e = elsize
     gates_row = batch * _good_ld(4 * hidden, e) * e
@@ -63,7 +65,8 @@ def _lstm_scratchpad(seq_len: int, batch: int, input_size: int, hidden: int, els
         return round_up(seq_len * gates_row, _PAGE) + 2 * ht + _SCRATCH_EXTRA_TRAIN
     rows = 2 * (seq_len + 1) * batch
     states = round_up(rows * _good_ld(max(input_size, hidden), e) * e, _PAGE) + round_up(rows * hidden * 4, _PAGE)
-    return states + round_up(gates_row, _PAGE) + ht + _SCRATCH_EXTRA_INFER
+    merged = seq_len if batch == 1 and seq_len >= 2 else 1
+    return states + round_up(merged * gates_row, _PAGE) + ht + _SCRATCH_EXTRA_INFER
 
 
 def _lstm_weights(input_size: int, hidden: int, elsize: int, training: bool, block: int) -> int:
@@ -140,71 +143,46 @@ def rule_mkldnn_rnn_layer_backward(args: tuple[Any, ...], kwargs: dict[str, Any]
 def rule_lstm_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
     """``aten.lstm.input`` as seen under inference mode: the whole stack runs inside the op.
 
-    ATen mkldnn/RNN.cpp mkldnn_rnn: a contiguous sequence-first copy of the input when it is strided
-    (``batch_first``); per layer and direction the output, hy and cy, the bias, the weights in the brgemm
-    layout and the inference scratchpad; the previous layer's output is freed after the next layer ran
-    (two directions are concatenated, not measured); h_n and c_n are stacked at the end.
+    ATen mkldnn/RNN.cpp ``mkldnn_rnn``: a contiguous sequence-first copy of a strided (``batch_first``)
+    input, kept to the end; per layer and direction, without biases two zero tensors of the weights' shapes
+    passed as biases, then ``mkldnn_rnn_layer``: the output, hy and cy, the bias, the weights in the brgemm
+    layout and the inference scratchpad. A direction's output replaces the previous layer's in
+    ``layer_output``; the layer input is that output, or the two concatenated, and replaces the previous
+    one; h_n and c_n are stacked at the end. Off oneDNN (projections): :func:`.rnn_native.rule_native_infer`.
     """
     x, params, num_layers = args[0], args[2], int(args[4])
-    bidirectional, batch_first = bool(args[7]), bool(args[8])
-    if x.dim() != 3 or not _lstm_on_onednn(x, info) or x.dtype != torch.float32:
-        return 0  # native cells, or oneDNN in bfloat16/float16: not modelled (recurrent_note)
+    has_biases, bidirectional, batch_first = bool(args[3]), bool(args[7]), bool(args[8])
+    if x.dim() != 3:
+        return 0
+    if not _lstm_on_onednn(x, args[1], info):
+        return rule_native_infer(args, kwargs, out, training, info)
+    if x.dtype != torch.float32:
+        return 0  # oneDNN in bfloat16/float16: not modelled (recurrent_note)
     seq_first = x.transpose(0, 1) if batch_first else x
     seq_len, batch = int(seq_first.shape[0]), int(seq_first.shape[1])
     e, dirs = x.element_size(), 2 if bidirectional else 1
-    hidden = int(params[1].shape[1])
+    hidden, state = int(params[1].shape[1]), int(seq_first.shape[1]) * int(params[1].shape[1]) * e
+    o = seq_len * batch * hidden * e
     seq: list[int] = [0 if seq_first.is_contiguous() else nbytes(x)]
-    prev, size = 0, int(x.shape[2])
-    for _ in range(num_layers):
-        o = seq_len * batch * hidden * e
+    size = int(x.shape[2])
+    for layer in range(num_layers):
         for _ in range(dirs):
+            zeros = 0 if has_biases else 4 * hidden * (size + hidden) * e
             inner = (4 * hidden * e + _lstm_weights(size, hidden, e, False, info.onednn_block)
                      + _lstm_scratchpad(seq_len, batch, size, hidden, e, False))
-            seq += [o, 2 * batch * hidden * e, inner, -inner]
-        if dirs == 2:
-            seq += [dirs * o, -dirs * o]
-        seq += [-prev]
-        prev, size = dirs * o, hidden * dirs
-    fresh = sum(nbytes(t) for t in out)
-    return max(alloc_peak(seq + [2 * num_layers * dirs * batch * hidden * e]) - fresh, 0)
+            seq += [zeros, o, 2 * state, inner, -inner, -zeros, -(o if layer else 0)]
+        if dirs == 2:  # the concatenation replaces the previous layer input
+            seq += [2 * o, -(2 * o if layer else 0)]
+        size = hidden * dirs
+    return max(alloc_peak([*seq, 2 * num_layers * dirs * state]) - sum(nbytes(t) for t in out), 0)
 
 
-def rule_gru_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
-    """``aten.gru.input`` under inference mode: ATen's native cells (aten/src/ATen/native/RNN.cpp).
-
-    Per layer, FullLayer projects the whole input at once (T·B·3H), then each step allocates
-    ``linear_hh(h)`` (B·3H), the new gate and the new hidden state (B·H each), keeps the hidden state and
-    frees the rest; the T step outputs are stacked (T·B·H), all but the last freed, then the projection
-    and the previous layer's output. Measured sequence, one direction (two: each direction in turn, then
-    a concatenation — not measured).
-    """
-    x, hx, params, num_layers = args[0], args[1], args[2], int(args[4])
-    bidirectional, batch_first = bool(args[7]), bool(args[8])
-    if x.dim() != 3:
-        return 0
-    seq_len, batch = (int(x.shape[1]), int(x.shape[0])) if batch_first else (int(x.shape[0]), int(x.shape[1]))
-    hidden, e, dirs = int(hx.shape[-1]), x.element_size(), 2 if bidirectional else 1
-    gates = int(params[0].shape[0]) // hidden
-    state, steps = batch * hidden * e, seq_len * batch * hidden * e
-    seq: list[int] = []
-    prev = 0
-    for _ in range(num_layers):
-        for _ in range(dirs):
-            projection = steps * gates
-            seq += [projection, steps - state, gates * state, state, state, -state, -gates * state, steps,
-                    -(steps - state), -projection]
-        if dirs == 2:
-            seq += [2 * steps, -2 * steps]
-        seq += [-prev]
-        prev = dirs * steps
-    fresh = sum(nbytes(t) for t in out)
-    return max(alloc_peak(seq + [num_layers * dirs * state]) - fresh, 0)
-
-
-def _lstm_on_onednn(x: torch.Tensor, info: CpuInfo) -> bool:
+def _lstm_on_onednn(x: torch.Tensor, hx: Any, info: CpuInfo) -> bool:
     """ATen's RNN ``use_mkldnn`` (aten/src/ATen/native/RNN.cpp): float32, or bfloat16 / float16 (inference)
-    where the CPU supports the type."""
+    where the CPU supports the type; never with projections (h0 narrower than c0)."""
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled) or x.numel() == 0:
+        return False
+    if isinstance(hx, (list, tuple)) and len(hx) == 2 and hx[0].shape[-1] != hx[1].shape[-1]:
         return False
     if x.dtype == torch.bfloat16:
         return info.onednn_bf16
@@ -221,11 +199,8 @@ def recurrent_note(func: Any, args: tuple[Any, ...], info: CpuInfo) -> str | Non
     kind = dtype_name(x.dtype)
     if func in (aten.mkldnn_rnn_layer.default, aten.mkldnn_rnn_layer_backward.default):
         return None if x.dtype == torch.float32 else f"{kind} LSTM through oneDNN: {NOT_MODELLED}"
-    if func is aten.lstm.input:
-        if x.dtype == torch.float32 and _lstm_on_onednn(x, info):
-            return None
-        where = "oneDNN" if _lstm_on_onednn(x, info) else "ATen's native cells"
-        return f"{kind} LSTM inference on {where} (oneDNN ISA {info.isa}): {NOT_MODELLED}"
+    if func is aten.lstm.input and _lstm_on_onednn(x, args[1], info):
+        return None if x.dtype == torch.float32 else f"{kind} LSTM inference on oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     # GRU cells and the fused transformer kernels run their projections as matmuls inside the op.
     if x.dtype != torch.float32 and onednn_matmul(x.dtype, 1 << 30, 1, info):
         return f"{kind} matmuls inside {func} run through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
@@ -234,7 +209,7 @@ def recurrent_note(func: Any, args: tuple[Any, ...], info: CpuInfo) -> str | Non
 
 # The ops whose note is recurrent_note's: the recurrent layers, and the fused transformer kernels.
 RECURRENT = frozenset({aten.mkldnn_rnn_layer.default, aten.mkldnn_rnn_layer_backward.default, aten.lstm.input,
-                       aten.gru.input, aten._transformer_encoder_layer_fwd.default,
+                       *NATIVE_INFER, aten._transformer_encoder_layer_fwd.default,
                        aten._native_multi_head_attention.default})
 
 
@@ -250,7 +225,6 @@ WORKSPACE = {
     aten.mkldnn_rnn_layer.default: rule_mkldnn_rnn_layer,
     aten.mkldnn_rnn_layer_backward.default: rule_mkldnn_rnn_layer_backward,
     aten.lstm.input: rule_lstm_infer,
-    aten.gru.input: rule_gru_infer,
 }
 SIZES = {aten.mkldnn_rnn_layer.default: sizes_mkldnn_rnn_layer}
 FAKE_OUTPUTS = {aten.mkldnn_rnn_layer_backward.default: unalias_rnn_backward}

@@ -1,0 +1,118 @@
+"""The workspace rules of the recurrent layers that run on ATen's native cells under inference mode.
+
+``nn.RNN`` (tanh, relu) and ``nn.GRU`` always, and ``nn.LSTM`` where oneDNN is not used (``proj_size``, or a
+type the CPU's oneDNN lacks), run aten/src/ATen/native/RNN.cpp: ``_rnn_impl`` stacks ``FullLayer`` or
+``FullBidirectionalLayer`` over ``SimpleCell`` / ``GRUCell`` / ``LSTMCell``. Under inference mode the whole
+stack is one op (``aten.rnn_tanh.input``, ``aten.gru.input``, ``aten.lstm.input``), so every tensor it makes
+is scratch: the allocation sequence below replays those sources, tensor by tensor. In training the same
+code runs op by op and the tracker sees each tensor; no rule is needed there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nnmem.cpu import CpuInfo
+from nnmem.frontends.pytorch.workspace._common import alloc_peak, aten, nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Cell:
+    """One recurrent cell's shapes: gates per step (G·H wide), hidden H, step output ``out`` (H, or P)."""
+
+    gates: int
+    hidden: int
+    out: int
+    lstm: bool
+
+
+def _step(cell: _Cell, batch: int, e: int, first: bool) -> list[int]:
+    """One cell call with the input projection precomputed (``pre_compute_input``); its new hidden state
+    (the step output, kept by the layer) stays allocated, everything else is freed.
+
+    SimpleCell: ``nonlinearity(linear_hh(h).add_(x))``. GRUCell: ``linear_hh(h)`` (3H), the new gate and
+    ``(h - new_gate)`` (the new state). LSTMCell: ``linear_hh(h)`` (4H) gates, ``forgetgate * cx``,
+    ``ingate * cellgate``, ``cy.tanh()``, ``outgate * tanh`` (hy), ``matmul_hr(hy)`` with a projection;
+    the previous cell state dies when the new hidden pair replaces it (the first one is a view of ``cx``).
+    """
+    s, g = batch * cell.hidden * e, batch * cell.gates * e
+    if not cell.lstm:
+        if cell.gates == cell.hidden:  # SimpleCell
+            return [g, s, -g]
+        return [g, s, s, -s, -g]  # GRUCell
+    seq = [g, s, s, -s, s, s, -s]
+    if cell.out != cell.hidden:
+        seq += [batch * cell.out * e, -s]
+    return seq + [-g] + ([] if first else [-s])
+
+
+def _direction(cell: _Cell, seq_len: int, batch: int, e: int) -> list[int]:
+    """The T cell calls of one direction of one layer."""
+    out: list[int] = []
+    for t in range(seq_len):
+        out += _step(cell, batch, e, t == 0)
+    return out
+
+
+def native_sequence(cell: _Cell, seq_len: int, batch: int, size: int, num_layers: int, dirs: int, e: int,
+                    copy_first: bool) -> list[int]:
+    """Signed allocation sizes of one ``_rnn_impl`` call (ATen RNN.cpp), in bytes, in order.
+
+    ``linear_ih`` projects a whole layer input at once (T·B·G·H). The first layer's input is a transposed
+    view under ``batch_first``; ``at::matmul`` folds it to 2-D for weights that require a gradient
+    (``should_fold``), which copies it (T·B·I, freed after the product): ``copy_first``.
+    """
+    steps = seq_len * batch * cell.out * e  # one direction's stacked output
+    last = batch * cell.out * e  # a direction's last step output: kept as its final hidden state
+    proj = seq_len * batch * cell.gates * e
+    seq: list[int] = []
+    prev = 0
+    for layer in range(num_layers):
+        copy = seq_len * batch * size * e if copy_first and layer == 0 else 0
+        project = [copy, proj, -copy]
+        if dirs == 1:  # FullLayer: project, run, stack, free the steps and the projection
+            seq += [*project, *_direction(cell, seq_len, batch, e), steps, -(steps - last), -proj]
+        else:  # FullBidirectionalLayer: both directions' steps live until the concatenation returns
+            seq += [*project, *_direction(cell, seq_len, batch, e), steps, *project, -proj]
+            seq += [*_direction(cell, seq_len, batch, e), steps, 2 * steps, -2 * steps, -2 * (steps - last), -proj]
+        seq += [-prev]
+        prev, size = dirs * steps, dirs * cell.out
+    finals = num_layers * dirs
+    seq += [finals * last]  # at::stack of the final hidden states
+    if cell.lstm:
+        seq += [finals * batch * cell.hidden * e]  # and of the final cell states
+    return seq
+
+
+def _cell_of(params: list[torch.Tensor], hx: Any) -> _Cell:
+    """The cell of a call: LSTM takes ``[h0, c0]`` (h0 P wide with a projection), the others one state."""
+    gates = int(params[0].shape[0])
+    if isinstance(hx, (list, tuple)):
+        return _Cell(gates, int(hx[1].shape[-1]), int(hx[0].shape[-1]), True)
+    hidden = int(hx.shape[-1])
+    return _Cell(gates, hidden, hidden, False)
+
+
+def rule_native_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
+    """``aten.{rnn_tanh,rnn_relu,gru,lstm}.input`` on native cells under inference mode. Arguments: input,
+    hx (a list [h0, c0] for LSTM), params, has_biases, num_layers, dropout, train, bidirectional,
+    batch_first. Dropout only runs with ``train`` (then the op is decomposed and traced op by op)."""
+    x, hx, params, num_layers = args[0], args[1], args[2], int(args[4])
+    bidirectional, batch_first = bool(args[7]), bool(args[8])
+    if x.dim() != 3:
+        return 0  # unbatched input: nn.RNNBase adds the batch dimension before the op, so 3-D always
+    seq_len, batch = (int(x.shape[1]), int(x.shape[0])) if batch_first else (int(x.shape[0]), int(x.shape[1]))
+    cell = _cell_of(params, hx)
+    copy_first = batch_first and bool(params[0].requires_grad) and seq_len > 1 and batch > 1
+    seq = native_sequence(cell, seq_len, batch, int(x.shape[2]), num_layers, 2 if bidirectional else 1,
+                          x.element_size(), copy_first)
+    fresh = sum(nbytes(t) for t in out)
+    return max(alloc_peak(seq) - fresh, 0)
+
+
+# The ops whose inference-mode call runs the whole native stack (lstm.input only off oneDNN: rnn.py).
+NATIVE_INFER = (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input)
+WORKSPACE = dict.fromkeys(NATIVE_INFER, rule_native_infer)
