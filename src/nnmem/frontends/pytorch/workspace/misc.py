@@ -1,5 +1,5 @@
-"""The workspace rules of the other ops with kernel scratch: embedding and batch-norm backward, batch norm,
-max pooling and the fused transformer encoder layer, each citing the ATen source it follows."""
+"""The workspace rules of the other ops with kernel scratch: embedding and batch-norm backward, batch norm
+and max pooling, each citing the ATen source it follows."""
 
 from __future__ import annotations
 
@@ -16,16 +16,6 @@ def rule_embedding_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out: 
     """``embedding_dense_backward`` makes a strided grad contiguous first (aten/src/ATen/native/Embedding.cpp)."""
     grad = args[0]
     return 0 if grad.is_contiguous() else nbytes(grad)
-
-
-def rule_transformer_encoder_layer_fwd(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                                       training: bool, info: CpuInfo) -> int:
-    """The fused encoder layer (nn.TransformerEncoderLayer fast path in inference,
-    aten/src/ATen/native/transformers/transformer.cpp): the packed q/k/v projection (3 x src) and the
-    feed-forward hidden activation (B x S x dim_feedforward) are live together (measured)."""
-    src, w_ffn1 = args[0], args[14]
-    tokens = src.numel() // int(src.shape[-1])
-    return 3 * nbytes(src) + tokens * int(w_ffn1.shape[0]) * src.element_size()
 
 
 # ---- normalisation and pooling -------------------------------------------------------------------------
@@ -77,5 +67,4 @@ WORKSPACE = {
     aten.max_pool2d.default: rule_max_pool2d,
     aten.max_pool2d_with_indices_backward.default: rule_max_pool2d_backward,
     aten.embedding_dense_backward.default: rule_embedding_backward,
-    aten._transformer_encoder_layer_fwd.default: rule_transformer_encoder_layer_fwd,
 }

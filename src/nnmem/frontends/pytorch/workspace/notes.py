@@ -1,7 +1,7 @@
 """Why an op call's kernel scratch is not modelled on a CPU: one line for a report, or None.
 
 Dispatches to the note of the op's family: :func:`.conv_select.conv_note`, :func:`.rnn.recurrent_note`,
-:func:`.matmul.matmul_note`.
+:func:`.attention.attention_note`, :func:`.matmul.matmul_note`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from nnmem.cpu import CpuInfo
+from nnmem.frontends.pytorch.workspace.attention import attention_note
 from nnmem.frontends.pytorch.workspace.conv import CONV_CALLS
 from nnmem.frontends.pytorch.workspace.conv_select import conv_note
 from nnmem.frontends.pytorch.workspace.matmul import matmul_note
@@ -33,4 +34,4 @@ def note_for(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], info: Cpu
         return None if call is None else conv_note(call, info)
     if func in RECURRENT:
         return recurrent_note(func, args, info)
-    return matmul_note(func, args, info)
+    return attention_note(func, args, kwargs, info) or matmul_note(func, args, info)
