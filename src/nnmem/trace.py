@@ -25,6 +25,7 @@ class Category(str, Enum):
     TEMPORARIES = "temporaries"
     WORKSPACE = "kernel workspace"
     ALLOCATOR_CACHE = "allocator rounding and cache"
+    FRAGMENTATION = "allocator fragmentation"
 
 
 class Phase(str, Enum):

@@ -85,6 +85,8 @@ class Report:
         timeline: live bytes after each op.
         batch: the batch size, when known.
         notes: caveats the reader must see (unsupported parts, fallbacks).
+        peak_range: (lowest, highest) peak at ``level`` the step can reach where its op order varies between
+            processes (TensorFlow's default executor), in bytes; None where the estimate has one order.
 
     Example:
         >>> report = nnmem.estimate(model, (x,), optimizer="adam")  # doctest: +SKIP
@@ -106,6 +108,7 @@ class Report:
     batch: int | None = None
     notes: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
+    peak_range: tuple[int, int] | None = None
 
     @property
     def parameter_count(self) -> int:
@@ -121,6 +124,8 @@ class Report:
         """A JSON-ready dict; ``Report.from_dict`` reads it back. It carries the model's ``parameters`` and
         ``parameter_bytes`` at the top level and, with ``budget_bytes``, whether ``peak_bytes`` fits it."""
         data = asdict(self)
+        if self.peak_range is None:  # one op order: no range (reports without one read back the same)
+            del data["peak_range"]
         data.update(parameters=self.parameter_count, parameter_bytes=self.parameter_bytes)
         if budget_bytes is not None:
             data.update(budget_bytes=budget_bytes, fits=self.peak_bytes <= budget_bytes)
@@ -140,6 +145,8 @@ class Report:
         )
         values["timeline"] = tuple(TimelinePoint(**p) for p in values.get("timeline", ()))
         values["notes"] = tuple(values.get("notes", ()))
+        if values.get("peak_range") is not None:
+            values["peak_range"] = tuple(values["peak_range"])
         return cls(**values)
 
 
@@ -195,7 +202,18 @@ def report_from_trace(
         batch=trace.meta.get("batch") if isinstance(trace.meta.get("batch"), int) else None,  # type: ignore[arg-type]
         notes=notes,
         meta={k: v for k, v in trace.meta.items() if isinstance(v, (str, int, float, bool))},
+        peak_range=_peak_range(trace, source, level),
     )
+
+
+def _peak_range(trace: Trace, source: str, level: str) -> tuple[int, int] | None:
+    """The estimate's range of the allocator peak over op orders (``peak_low`` / ``peak_high`` in the trace's
+    meta, set by a frontend whose op order varies), or None."""
+    low, high = trace.meta.get("peak_low"), trace.meta.get("peak_high")
+    if source != "estimate" or level != Level.ALLOCATOR.value or not isinstance(low, int) or \
+            not isinstance(high, int):
+        return None
+    return low, high
 
 
 def _breakdown(sim: Simulation, peaks: dict[str, int], level: str, *, overridden: bool) -> dict[str, int]:

@@ -124,6 +124,10 @@ def _peaks_section(report: Report) -> list[RenderableType]:
     table.add_column("", no_wrap=True)
     for level, nbytes in report.peaks.items():
         table.add_row(level, _bytes(nbytes), "← reported" if level == report.level else "")
+    if report.peak_range is not None:
+        low, high = report.peak_range
+        table.add_row(f"{report.level} range", f"{format_bytes(low)} – {format_bytes(high)}",
+                      "over the op orders the step can run in")
     return ["peak at every level", table]
 
 
@@ -160,6 +164,8 @@ def render_summary(report: Report) -> str:
     lines = [
         f"{_SOURCE_LABEL.get(report.source, report.source)}: {_peak_line(report)}",
         f"  peaks: {peaks}",
+        *([f"  {report.level} range over op orders: {format_bytes(report.peak_range[0])} – "
+            f"{format_bytes(report.peak_range[1])}"] if report.peak_range is not None else []),
         f"  at the peak: {categories}",
     ]
     lines += [f"  note: {note}" for note in report.notes]

@@ -139,16 +139,19 @@ class KerasFrontend:
             request = request.with_(inputs=x, target=y, input_shape=None)
         payload = model_payload(request.model) if spec is None else None
         light = request.with_(model=spec)
+        tf_schedule = os.environ.get("NNMEM_TF_MEASURE", "")  # the TensorFlow measurement's schedule option
 
         def work() -> dict[str, Any]:
             os.environ["KERAS_BACKEND"] = backend
+            if tf_schedule:
+                os.environ["NNMEM_TF_MEASURE"] = tf_schedule
             os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # before TensorFlow is first imported
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             from nnmem.frontends.keras import frontend as here
             from nnmem.frontends.keras.transport import model_from_payload
 
             measure_module = here.backend_module("measure", backend)
-            if backend == "tensorflow":  # the sequential executor's inter-op pool, set before TF starts
+            if backend == "tensorflow":  # a pinned measurement's thread pools, set before TF starts
                 measure_module.sequential_runtime()
             real = light if payload is None else light.with_(model=model_from_payload(payload))
             step, _, _ = here._step(real, real.batch or 1)

@@ -37,8 +37,12 @@ def _measured(name: str, mode: str) -> tuple[int, tuple[int, ...], str]:
     """(estimated peak, each run's measured peak, schedule) of one zoo step, :data:`RUNS` fresh processes."""
     import nnmem
 
-    report = nnmem.measure(name, mode=mode, optimizer="adam" if mode == "train" else None, batch=BATCH,
-                           runs=RUNS, timeout_s=240)
+    os.environ[measure.SCHEDULE_ENV] = "pinned"  # the repeatable diagnostic; test_range.py checks plain steps
+    try:
+        report = nnmem.measure(name, mode=mode, optimizer="adam" if mode == "train" else None, batch=BATCH,
+                               runs=RUNS, timeout_s=240)
+    finally:
+        del os.environ[measure.SCHEDULE_ENV]
     return (int(report.meta["estimated_peak"]), tuple(int(p) for p in report.meta["runs_peaks"]),
             str(report.meta["schedule"]))
 
@@ -70,7 +74,7 @@ def test_measure_refuses_a_runtime_with_parallel_kernels(zoo_step: Callable[...,
     if tf.config.threading.get_intra_op_parallelism_threads() == measure.MEASURE_INTRA_OP_THREADS:
         pytest.skip("this process runs the measurement's thread pools")
     with pytest.raises(MeasureError, match="intra-op thread"):
-        measure.measure_step(zoo_step("keras_mlp", "infer", BATCH), name="keras_mlp", meta={})
+        measure.measure_step(zoo_step("keras_mlp", "infer", BATCH), name="keras_mlp", meta={}, schedule="pinned")
 
 
 def test_measure_refuses_a_pool_too_small_for_nested_calls(zoo_step: Callable[..., Any]) -> None:
@@ -89,7 +93,7 @@ def test_measure_refuses_a_pool_too_small_for_nested_calls(zoo_step: Callable[..
         tf_child.config.threading.set_intra_op_parallelism_threads(1)
         try:
             backend.measure_step(zoo_step("keras_mixed_float16", "train", BATCH), name="keras_mixed_float16",
-                                 meta={})
+                                 meta={}, schedule="pinned")
         except Refused as err:
             return str(err)
         return "measured"

@@ -1,11 +1,12 @@
-"""The Keras step on TensorFlow, run for real: the BFC allocator's peak on the sequential executor.
+"""The Keras step on TensorFlow, run for real: the BFC allocator's peak of the step.
 
-The truth an estimate is compared with: the step's function traced afresh with its ops chained in the order
-the estimate replays (:func:`~nnmem.frontends.keras.tensorflow.schedule.pinned_schedule`), Grappler off, run on
-TensorFlow's sequential executor (``common_runtime/single_threaded_executor.cc``) with one intra-op thread, and
-read from the BFC allocator's statistics (``tf.config.experimental.get_memory_info``), which TensorFlow keeps
-on the CPU only with ``TF_CPU_ALLOCATOR_USE_BFC=true``. Pinned, the peak repeats from process to process; the
-default executor's, which orders ops by their measured cost, does not (docs/backends/keras-tensorflow.md).
+The truth (schedule "plain", the default): ``train_on_batch`` / ``predict_on_batch`` as users run them —
+TensorFlow's default executor and thread pools, Grappler on — read from the BFC allocator's statistics
+(``tf.config.experimental.get_memory_info``), which TensorFlow keeps on the CPU only with
+``TF_CPU_ALLOCATOR_USE_BFC=true``. Its peak varies between processes; measure it in several
+(``measure(..., runs=N)``). The diagnostic (schedule "pinned", ``NNMEM_TF_MEASURE=pinned``): the step's ops
+chained in the estimate's sequential order (:func:`~nnmem.frontends.keras.tensorflow.schedule.pinned_schedule`),
+Grappler off, on the sequential executor with one intra-op thread: a peak that repeats to the byte.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from nnmem.errors import MeasureError
+from nnmem.errors import ConfigError, MeasureError
 from nnmem.frontends.keras.common import KerasStep, no_gc
 from nnmem.frontends.keras.tensorflow.schedule import pinned_schedule
 from nnmem.frontends.keras.tensorflow.trace import trace_step
@@ -25,7 +26,26 @@ from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Trace
 
 __all__ = ["MEASURED_STEPS", "MEASURE_EXECUTOR", "MEASURE_INTER_OP_THREADS", "MEASURE_INTRA_OP_THREADS",
-           "measure_step", "sequential_runtime"]
+           "SCHEDULE_ENV", "SCHEDULES", "measure_step", "schedule_of", "sequential_runtime"]
+
+SCHEDULES = ("plain", "pinned")
+"""How the measured step runs: "plain" as users run it (the truth), "pinned" the repeatable diagnostic."""
+
+SCHEDULE_ENV = "NNMEM_TF_MEASURE"
+"""Environment variable choosing the measurement's schedule (one of :data:`SCHEDULES`; unset: "plain")."""
+
+
+def schedule_of(value: str | None = None) -> str:
+    """The measurement's schedule: ``value``, else :data:`SCHEDULE_ENV`, else "plain".
+
+    Raises:
+        ConfigError: the value is not one of :data:`SCHEDULES`.
+    """
+    chosen = (value if value is not None else os.environ.get(SCHEDULE_ENV, "") or "plain").strip().lower()
+    if chosen not in SCHEDULES:
+        raise ConfigError(f"expected {SCHEDULE_ENV} to be one of {', '.join(SCHEDULES)} (how the measured "
+                          f"TensorFlow step runs). Received: {chosen!r}")
+    return chosen
 
 MEASURED_STEPS = 5
 """Steps measured after the warm-up; the report takes their median peak. With the schedule pinned most steps
@@ -52,12 +72,15 @@ the BFC layout — which free chunk a 1 MiB activation lands in — changes from
 
 
 def sequential_runtime() -> None:
-    """Start TensorFlow with the thread pools of the measurement (:data:`MEASURE_INTER_OP_THREADS` inter-op,
-    :data:`MEASURE_INTRA_OP_THREADS` intra-op).
+    """Start TensorFlow with the thread pools of the pinned measurement (:data:`MEASURE_INTER_OP_THREADS`
+    inter-op, :data:`MEASURE_INTRA_OP_THREADS` intra-op); for a plain one (:func:`schedule_of`) leave
+    TensorFlow's defaults.
 
     Call before TensorFlow runs its first op (building a Keras model runs ops); once TensorFlow has started
     this does nothing and :func:`measure_step` checks the pools.
     """
+    if schedule_of() != "pinned":
+        return
     with suppress(RuntimeError):  # already started: measure_step checks the pools
         tf.config.threading.set_inter_op_parallelism_threads(MEASURE_INTER_OP_THREADS)
         tf.config.threading.set_intra_op_parallelism_threads(MEASURE_INTRA_OP_THREADS)
@@ -141,8 +164,22 @@ def _first_step_pinned(step: KerasStep, x: Any, y: Any) -> bool:
     return False
 
 
-def _measured_steps(step: KerasStep, x: Any, y: Any) -> tuple[bool, list[int], list[int]]:
-    """Warm up and run :data:`MEASURED_STEPS` steps: (pinned, each step's peak, bytes in use before each)."""
+def _steps(step: KerasStep, x: Any, y: Any) -> tuple[list[int], list[int]]:
+    """Run :data:`MEASURED_STEPS` steps after the warm-up: (each step's peak, bytes in use before each)."""
+    if step.mode == "train":
+        _run(step, x, y)
+    peaks, before = [], []
+    for _ in range(MEASURED_STEPS):
+        with no_gc():  # cyclic garbage of the step before collected, none collected during the step
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            before.append(_memory_info()["current"])
+            _run(step, x, y)
+            peaks.append(_memory_info()["peak"])
+    return peaks, before
+
+
+def _pinned_steps(step: KerasStep, x: Any, y: Any) -> tuple[bool, list[int], list[int]]:
+    """The diagnostic: pinned order, Grappler off, sequential executor. (pinned, peaks, bytes before each)."""
     from tensorflow.python.eager.context import function_executor_type
 
     grappler = tf.config.optimizer.get_experimental_options()
@@ -150,62 +187,65 @@ def _measured_steps(step: KerasStep, x: Any, y: Any) -> tuple[bool, list[int], l
     try:
         with function_executor_type(MEASURE_EXECUTOR):
             pinned = _first_step_pinned(step, x, y)
-            if step.mode == "train":
-                _run(step, x, y)
-            peaks, before = [], []
-            for _ in range(MEASURED_STEPS):
-                with no_gc():  # cyclic garbage of the step before collected, none collected during the step
-                    tf.config.experimental.reset_memory_stats("CPU:0")
-                    before.append(_memory_info()["current"])
-                    _run(step, x, y)
-                    peaks.append(_memory_info()["peak"])
+            peaks, before = _steps(step, x, y)
     finally:
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False, **grappler})
     return pinned, peaks, before
 
 
-def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
-    """Run the real step on TensorFlow's sequential executor and report the BFC allocator's peak (bytes in use).
+def measure_step(step: KerasStep, *, name: str, meta: dict[str, object], schedule: str | None = None) -> Report:
+    """Run the real step and report the BFC allocator's peak (bytes in use).
 
-    Call in a fresh process that set ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow was imported and
-    called :func:`sequential_runtime` before TensorFlow ran its first op. The step's function is traced afresh
-    with its ops chained in the order the estimate replays (``pinned_schedule``), Grappler off (its constant
-    folding and dependency pruning would drop links of the chain; the estimate replays the graph as traced),
-    and runs on :data:`MEASURE_EXECUTOR` with oneDNN's kernels and graph rewrite as TensorFlow ships them; the
-    data become tensors first (live before the step, like the variables); 2 train steps (1 inference step)
-    warm up the function and the allocator; then each measured step runs between ``reset_memory_stats`` and a
-    read of ``peak``. Pinned, because the executor's own order follows heap addresses and its peak with it.
+    Call in a fresh process that set ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow was imported (and,
+    pinned, called :func:`sequential_runtime` before TensorFlow ran its first op). The data become tensors
+    first (live before the step, like the variables); 2 train steps (1 inference step) warm up the function
+    and the allocator; then each measured step runs between ``reset_memory_stats`` and a read of ``peak``.
+
+    Args:
+        schedule: "plain" (``train_on_batch`` as users run it: default executor and thread pools, Grappler
+            on) or "pinned" (the diagnostic: the step's function traced afresh with its ops chained in the
+            estimate's sequential order, Grappler off, on :data:`MEASURE_EXECUTOR` with one intra-op thread);
+            None: :func:`schedule_of`.
 
     Raises:
-        MeasureError: the BFC allocator is not in use (its statistics read 0), or TensorFlow started with
-            other thread pools than :func:`sequential_runtime` sets (too few inter-op threads for the step's
-            nested function calls, more than one intra-op thread).
+        MeasureError: the BFC allocator is not in use (its statistics read 0), or, pinned, TensorFlow started
+            with other thread pools than :func:`sequential_runtime` sets.
     """
-    sequential_runtime()
+    schedule = schedule_of(schedule)
     trace = trace_step(step, meta=meta)
-    _check_pools(int(trace.meta.get("call_depth", 0)))  # type: ignore[call-overload]
+    if schedule == "pinned":
+        sequential_runtime()
+        _check_pools(int(trace.meta.get("call_depth", 0)))  # type: ignore[call-overload]
     x = keras.tree.map_structure(_owned_tensor, step.x)
     y = keras.tree.map_structure(_owned_tensor, step.y) if step.y is not None else None
     if _memory_info()["current"] <= 0:
         raise MeasureError("TensorFlow's CPU allocator keeps no statistics: set TF_CPU_ALLOCATOR_USE_BFC=true "
                            "in the environment before TensorFlow is imported")
-    pinned, peaks, before = _measured_steps(step, x, y)
+    if schedule == "pinned":
+        pinned, peaks, before = _pinned_steps(step, x, y)
+        how = (f"the sequential executor ({MEASURE_EXECUTOR}; "
+               + ("ops pinned to the estimate's order, Grappler off)" if pinned else
+                  "TensorFlow refused the pinned order, a kernel merge closed a cycle: the executor's own order)"))
+    else:
+        _run(step, x, y)
+        peaks, before = _steps(step, x, y)
+        how = "a plain step (default executor and thread pools, Grappler on)"
     peak = int(sorted(peaks)[len(peaks) // 2])
     resident = int(sorted(before)[len(before) // 2])
-    schedule = ("ops pinned to the graph's construction order, Grappler off" if pinned else
-                "TensorFlow refused the pinned order (a kernel merge closed a cycle): the executor's own order, "
-                "which can change from process to process")
-    notes = (f"allocator peak: TensorFlow BFC bytes in use on the sequential executor ({MEASURE_EXECUTOR}; "
-             f"{schedule}), median of {MEASURED_STEPS} steps ({', '.join(f'{p:,}' for p in peaks)} B); "
-             f"{resident:,} B in use before the step (estimated resident: {trace.resident_bytes:,} B)",
-             "a plain train_on_batch runs Grappler's rewrites and an op order that follows heap addresses: its "
-             "peak can differ from this one and between processes (`nnmem measure --runs N` shows the spread)",
-             "TensorFlow's default executor orders ready ops by their measured cost and runs while-loop "
-             "iterations concurrently: its peak moves with timing, most in recurrent training steps")
-    estimated = report_from_trace(trace, source="estimate", model=name, device="cpu").peak_bytes
-    info = {**trace.meta, "method": "bfc_peak", "executor": MEASURE_EXECUTOR, "resident_measured": resident,
-            "schedule": "pinned" if pinned else "executor",
-            "peak_min": min(peaks), "peak_max": max(peaks), "estimated_peak": estimated}
+    notes: tuple[str, ...] = (f"allocator peak: TensorFlow BFC bytes in use on {how}, median of {MEASURED_STEPS} steps "
+             f"({', '.join(f'{p:,}' for p in peaks)} B); {resident:,} B in use before the step (estimated "
+             f"resident: {trace.resident_bytes:,} B)",)
+    if schedule == "plain":
+        notes += ("the default executor runs independent ops concurrently in an order that follows timing and "
+                  "heap addresses: the peak differs between processes (`nnmem measure --runs N` shows the spread)",)
+    estimate = report_from_trace(trace, source="estimate", model=name, device="cpu")
+    info = {**{k: v for k, v in trace.meta.items() if k not in ("peak_low", "peak_high")},
+            "estimated_peak_low": trace.meta.get("peak_low"), "estimated_peak_high": trace.meta.get("peak_high"),
+            "method": "bfc_peak", "resident_measured": resident, "schedule": schedule,
+            "executor": MEASURE_EXECUTOR if schedule == "pinned" else "DEFAULT",
+            "peak_min": min(peaks), "peak_max": max(peaks), "estimated_peak": estimate.peak_bytes}
+    if schedule == "pinned" and not pinned:
+        info["schedule"] = "executor"
     trace = Trace(trace.framework, trace.mode, trace.blocks, trace.ops, trace.layers, info)
     return report_from_trace(trace, source="measure", model=name, device="cpu",
                              overrides={"allocator": peak}, notes=notes)

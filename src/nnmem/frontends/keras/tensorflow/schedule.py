@@ -11,13 +11,14 @@ traced function with control edges in this order, leaving the executor one order
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from nnmem.errors import TraceError
 
-__all__ = ["UNPINNED", "execution_order", "pin", "pinned_schedule", "reachable"]
+__all__ = ["UNPINNED", "executor_waves", "execution_order", "pin", "pinned_schedule", "reachable"]
 
 _FUSED_PRODUCERS = frozenset({"Conv2D", "DepthwiseConv2dNative", "Conv3D", "MatMul", "Pad", "_FusedConv2D"})
 _FUSED_CONSUMERS = frozenset({"BiasAdd", "Conv2D", "DepthwiseConv2dNative", "_FusedConv2D"})
@@ -121,6 +122,51 @@ def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
             if waiting[u] == 0:
                 heapq.heappush(ready, u)
     return order if len(order) == len(ops) else None
+
+
+def executor_waves(graph: Any, kept: set[str], threads: int) -> tuple[list[Any], list[int]]:
+    """An order TensorFlow's default executor can run the ops in with ``threads`` inter-op threads, in waves.
+
+    ``common_runtime/executor.cc`` (``ExecutorState::ScheduleReady``): the ops a finished op makes ready join
+    a FIFO (``inline_ready``, popped from the front) or, while their kernel counts as expensive (every kernel
+    does until ``KernelStats`` has timed it), start at once on the inter-op pool, so up to ``threads`` ready
+    ops run at the same time, each holding its inputs until it finishes. Here every tick starts the first
+    ``threads`` ready groups (:func:`_fusion_groups`) of that FIFO together and finishes them together.
+
+    Returns:
+        (the ops in order, for each op the index of the last op of its wave: where its inputs are freed).
+    """
+    ops = [op for op in graph.get_operations() if op.name in kept]
+    group_of = _fusion_groups(ops)
+    index = {op.name: i for i, op in enumerate(ops)}
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group_of):
+        members.setdefault(g, []).append(i)
+    users: dict[int, list[int]] = {g: [] for g in members}
+    waiting = dict.fromkeys(members, 0)
+    for i, op in enumerate(ops):
+        for name in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
+            if name in index and group_of[index[name]] != group_of[i]:
+                users[group_of[index[name]]].append(group_of[i])
+                waiting[group_of[i]] += 1
+    ready = deque(g for g in members if waiting[g] == 0)
+    order: list[Any] = []
+    wave_end: list[int] = []
+    while ready:
+        wave = [ready.popleft() for _ in range(min(max(threads, 1), len(ready)))]
+        start = len(order)
+        for g in wave:
+            order.extend(ops[i] for i in members[g])
+        wave_end.extend([len(order) - 1] * (len(order) - start))
+        for g in wave:
+            for u in users[g]:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    ready.append(u)
+    if len(order) != len(ops):  # a merged pair closed a cycle: no waves, the sequential order
+        order = execution_order(graph, kept)
+        wave_end = list(range(len(order)))
+    return order, wave_end
 
 
 def pin(graph: Any) -> None:

@@ -33,6 +33,7 @@ from nnmem.frontends.keras.common import (
 from nnmem.frontends.keras.tensorflow.replay import Replay, call_depth, functions_of, while_loops
 from nnmem.frontends.keras.tensorflow.schedule import execution_order, reachable
 from nnmem.frontends.keras.tensorflow.scratch import VIEWS, eigen_fallback_note, tensor_bytes
+from nnmem.frontends.keras.tensorflow.spread import peak_in_use, peak_range
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
 __all__ = ["RANDOM_INITIALIZER_TEMPORARIES", "trace_step"]
@@ -183,19 +184,32 @@ def _initializer_temporaries(model: Any) -> dict[int, int]:
 
 
 def _resident(step: KerasStep, graph: Any) -> tuple[list[Block], list[int]]:
-    """Blocks live before the step, and how many initializer temporaries preceded each (creation order)."""
+    """Blocks live before the step (their bytes as requested), and how many initializer temporaries preceded
+    each (creation order)."""
     blocks: list[Block] = []
     temps = _initializer_temporaries(step.model)
     before: list[int] = []
     for v, category, layer in resident_variables(step.model, step.mode):
-        blocks.append(Block(len(blocks), bfc_round(array_nbytes(v)), category, layer, Phase.SETUP, -1, -1))
+        blocks.append(Block(len(blocks), array_nbytes(v), category, layer, Phase.SETUP, -1, -1))
         before.append(temps.get(id(v), 0))
     for leaf in flat_arrays((step.x, step.y) if step.mode == "train" else step.x):
-        blocks.append(Block(len(blocks), bfc_round(array_nbytes(leaf)), Category.INPUTS, "", Phase.SETUP, -1, -1))
+        blocks.append(Block(len(blocks), array_nbytes(leaf), Category.INPUTS, "", Phase.SETUP, -1, -1))
     consts = sum(bfc_round(tensor_bytes(op.outputs[0])) for op in graph.get_operations() if op.type == "Const")
     if consts:  # ConstantOp keeps its tensor for the kernel's lifetime: live before and after the step
         blocks.append(Block(len(blocks), consts, Category.BUFFERS, "", Phase.SETUP, -1, -1))
     return blocks, before + [0] * (len(blocks) - len(before))
+
+
+def _held(blocks: list[Block], held: list[int]) -> list[Block]:
+    """The resident blocks with what their BFC chunks hold beyond the bytes requested (the 256 B rounding, and
+    the whole of a free chunk under twice the request, as an initializer's temporaries leave them) split off
+    as :attr:`Category.FRAGMENTATION` blocks of the same layer."""
+    out: list[Block] = []
+    for b, size in zip(blocks, held):
+        out.append(replace(b, id=len(out)))
+        if size > b.nbytes:
+            out.append(Block(len(out), size - b.nbytes, Category.FRAGMENTATION, b.layer, Phase.SETUP, -1, -1))
+    return out
 
 
 def _categorize(replay: Replay, where: list[tuple[Phase, str]], grads: set[int]) -> list[Category]:
@@ -246,16 +260,20 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     graph = cf.graph
     every = graph.get_operations()
     where_of = dict(zip((op.name for op in every), _where(every, spans)))
-    ops = execution_order(graph, reachable(graph))
+    kept = reachable(graph)
+    ops = execution_order(graph, kept)
     where = [where_of[op.name] for op in ops]
     replay = Replay(functions_of(graph))
     replay.run(ops, {t.name for t in graph.inputs}, where, keep=[t.name for t in graph.outputs])
     cats = _categorize(replay, where, _gradient_blocks(ops, replay, where) if step.mode == "train" else set())
     blocks, temporaries = _resident(step, graph)
+    resident = [(bfc_round(b.nbytes), t) for b, t in zip(blocks, temporaries)]
+    workspace = [w for *_, w in replay.ops]
+    held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace)
+    sequential = peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, workspace)
+    low, high, threads = peak_range(graph, kept, replay.functions, resident, 0, sequential)
+    blocks = _held(blocks, held)
     base = len(blocks)
-    held, chunks = steady_state_chunks([(b.nbytes, t) for b, t in zip(blocks, temporaries)], replay.sizes,
-                                       replay.alloc_at, replay.free_at, [w for *_, w in replay.ops])
-    blocks = [replace(b, nbytes=size) for b, size in zip(blocks, held)]  # a variable may hold a larger chunk
     for b, size in enumerate(chunks):
         free = replay.free_at[b]
         blocks.append(Block(base + b, size, cats[b], replay.layers[b] or where[replay.alloc_at[b]][1],
@@ -272,7 +290,8 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
             "executor": "tf.function graph executor (jit_compile=False)",
             "call_depth": call_depth(graph, replay.functions),
             "while_loops": while_loops(graph, replay.functions),
-            "allocator_model": "BFC: 256-byte chunks, sequential schedule"}
+            "allocator_model": "BFC: 256-byte chunks, sequential schedule",
+            "peak_low": low, "peak_high": high, "inter_op_threads": threads}
     fallback = eigen_fallback_note(ops, cpu.describe().flags)
     if fallback is not None:
         info["unmodelled"] = fallback

@@ -1,0 +1,55 @@
+"""The estimate's peak range against plain ``train_on_batch`` / ``predict_on_batch`` measured in fresh processes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("KERAS_BACKEND") != "tensorflow":
+    pytest.skip("needs KERAS_BACKEND=tensorflow", allow_module_level=True)
+
+BATCH = 8
+RUNS = 5
+"""Fresh processes each case is measured in: the plain step's peak differs between them."""
+
+CASES = [
+    pytest.param("keras_mlp", "infer", id="keras_mlp-infer"),
+    pytest.param("keras_mlp", "train", id="keras_mlp-train", marks=pytest.mark.xfail(
+        strict=False, reason="Grappler's rewrites are not modelled: plain runs measured 855,552-928,768 B against "
+                             "an estimated 885,248-924,160 B (docs/backends/keras-tensorflow.md)")),
+]
+
+
+def test_range_holds_the_sequential_estimate() -> None:
+    import nnmem
+
+    report = nnmem.estimate("keras_two_branch_cnn", mode="train", optimizer="adam", batch=BATCH)
+    assert report.peak_range is not None
+    low, high = report.peak_range
+    assert low <= report.peak_bytes <= high
+    assert nnmem.Report.from_dict(report.to_dict()).peak_range == (low, high)
+
+
+def test_parameters_are_the_weights_bytes() -> None:
+    import nnmem
+
+    report = nnmem.estimate("keras_mlp", mode="train", optimizer="adam", batch=BATCH)
+    assert report.breakdown["parameters"] == report.parameter_bytes
+    assert sum(report.breakdown.values()) == report.peak_bytes
+
+
+@pytest.mark.accuracy
+@pytest.mark.parametrize(("name", "mode"), CASES)
+def test_plain_runs_fall_inside_the_range(name: str, mode: str) -> None:
+    import nnmem
+
+    optimizer = "adam" if mode == "train" else None
+    estimate = nnmem.estimate(name, mode=mode, optimizer=optimizer, batch=BATCH)
+    measured = nnmem.measure(name, mode=mode, optimizer=optimizer, batch=BATCH, runs=RUNS, timeout_s=240)
+    assert measured.meta["schedule"] == "plain"
+    assert estimate.peak_range is not None
+    low, high = estimate.peak_range
+    peaks = [int(p) for p in measured.meta["runs_peaks"]]
+    assert all(low <= p <= high for p in peaks), (
+        f"estimated {low:,}-{high:,} B, measured {', '.join(f'{p:,}' for p in peaks)} B in {RUNS} processes")
