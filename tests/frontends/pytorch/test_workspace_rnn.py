@@ -9,8 +9,11 @@ path no rule models on this CPU is skipped with the note. ``benchmarks/generaliz
 
 from __future__ import annotations
 
+import importlib.util
 import random
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +21,14 @@ import torch
 from torch import nn
 
 import nnmem
+from nnmem.errors import TraceError
+
+_spec = importlib.util.spec_from_file_location(
+    "calibrate_workspace", Path(__file__).resolve().parents[3] / "benchmarks" / "calibrate_workspace.py")
+assert _spec is not None and _spec.loader is not None
+calibrate = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault(_spec.name, calibrate)
+_spec.loader.exec_module(calibrate)
 
 pytestmark = pytest.mark.accuracy
 
@@ -101,3 +112,46 @@ def _compare(model: nn.Module, x: torch.Tensor, mode: str) -> None:
 def test_recurrent_estimate_matches_measurement(case: Case) -> None:
     model, x = case.build()
     _compare(model, x, case.mode)
+
+
+# PackedSequence: (kind, layers, bidirectional, proj_size, lengths); inference runs the whole packed stack in one
+# ``aten.<kind>.data`` op, whose scratch the rule replays from the batch sizes.
+PACKED = [("gru", 1, False, 0, [12, 5, 7]), ("rnn", 2, True, 0, [12, 5, 7, 12]), ("lstm", 2, True, 0, [9, 3, 7, 1, 4]),
+          ("lstm", 1, False, 6, [9, 3, 7, 1, 4]), ("rnn", 3, False, 0, [1])]
+
+
+def _packed(kind: str, layers: int, bidirectional: bool, proj: int,
+            lengths: list[int]) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    kw: dict[str, Any] = {"proj_size": proj} if proj else {}
+    rnn = KINDS[kind](6, 20, layers, bidirectional=bidirectional, **kw)
+    return Recurrent(rnn, lengths).eval(), torch.randn(max(lengths), len(lengths), 6)
+
+
+@pytest.mark.parametrize(("kind", "layers", "bidirectional", "proj", "lengths"), PACKED)
+def test_packed_inference_rule_matches_kernel(kind: str, layers: int, bidirectional: bool, proj: int,
+                                              lengths: list[int]) -> None:
+    model, x = _packed(kind, layers, bidirectional, proj, lengths)
+
+    def step() -> None:
+        with torch.inference_mode():
+            model(x)
+
+    op = {"rnn": "rnn_tanh", "lstm": "lstm", "gru": "gru"}[kind]
+    (row,) = [r for r in calibrate.measure_ops(step, training=False) if r.name == f"aten.{op}.data"]
+    assert row.predicted == row.scratch
+    assert row.note is None  # real batch sizes: modelled
+
+
+@pytest.mark.parametrize("mode", ["infer", "train"])
+def test_packed_estimate_is_noted_or_matches(mode: str) -> None:
+    """A fake trace has no batch sizes: the estimate says the packed scratch is not modelled (or, where the
+    trace cannot run the data-dependent packing at all, it fails with a TraceError)."""
+    model, x = _packed("gru", 2, True, 0, [7, 3, 5])
+    try:
+        est = nnmem.estimate(model, (x,), mode=mode, optimizer="adam" if mode == "train" else None)
+    except TraceError as err:
+        pytest.skip(f"the fake trace cannot pack the sequence: {err}")
+    if any("PackedSequence" in note for note in est.notes):
+        return
+    _compare(model, x, mode)

@@ -16,7 +16,7 @@ import torch
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, alloc_peak, aten, dtype_name, nbytes, round_up
 from nnmem.frontends.pytorch.workspace.matmul import onednn_matmul
-from nnmem.frontends.pytorch.workspace.rnn_native import NATIVE_INFER, rule_native_infer
+from nnmem.frontends.pytorch.workspace.rnn_native import NATIVE_INFER, PACKED, batch_sizes_of, rule_native_infer
 
 _PAGE = 4096  # oneDNN rnn_utils::set_offsets: each workspace section starts on a 4 KiB page
 
@@ -69,16 +69,18 @@ def _lstm_scratchpad(seq_len: int, batch: int, input_size: int, hidden: int, els
     return states + round_up(merged * gates_row, _PAGE) + ht + _SCRATCH_EXTRA_INFER
 
 
-def _lstm_weights(input_size: int, hidden: int, elsize: int, training: bool, block: int) -> int:
+def _lstm_weights(input_size: int, hidden: int, elsize: int, training: bool, block: int, batch: int = 2) -> int:
     """Both weight matrices reordered for the forward kernel, in bytes.
 
     Training: ldigo with the gates' leading dimension ld(4H) (rnn_utils::set_good_strides). Inference:
     the brgemm layout ldgOi32o (AVX-512; ldgOi16o on AVX2: ``block`` is oneDNN's channel block), which pads
-    each gate's H to the N block of 2 vector widths (rnn_brgemm_utils.cpp brgemm_calc_n_block).
+    each gate's H to the N block (rnn_brgemm_utils.cpp brgemm_calc_n_block): 2 vector widths, 4 for an
+    LSTM at batch 1 on AVX2.
     """
     if training:
         return (input_size + hidden) * _good_ld(4 * hidden, elsize) * elsize
-    return 4 * round_up(hidden, 2 * block) * (input_size + hidden) * elsize
+    n_block = 4 * block if block == 8 and batch == 1 else 2 * block
+    return 4 * round_up(hidden, n_block) * (input_size + hidden) * elsize
 
 
 def _rnn_layer_scratch(x: torch.Tensor, hidden: int, training: bool, block: int) -> int:
@@ -168,7 +170,7 @@ def rule_lstm_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, tra
     for layer in range(num_layers):
         for _ in range(dirs):
             zeros = 0 if has_biases else 4 * hidden * (size + hidden) * e
-            inner = (4 * hidden * e + _lstm_weights(size, hidden, e, False, info.onednn_block)
+            inner = (4 * hidden * e + _lstm_weights(size, hidden, e, False, info.onednn_block, batch)
                      + _lstm_scratchpad(seq_len, batch, size, hidden, e, False))
             seq += [zeros, o, 2 * state, inner, -inner, -zeros, -(o if layer else 0)]
         if dirs == 2:  # the concatenation replaces the previous layer input
@@ -199,6 +201,8 @@ def recurrent_note(func: Any, args: tuple[Any, ...], info: CpuInfo) -> str | Non
     kind = dtype_name(x.dtype)
     if func in (aten.mkldnn_rnn_layer.default, aten.mkldnn_rnn_layer_backward.default):
         return None if x.dtype == torch.float32 else f"{kind} LSTM through oneDNN: {NOT_MODELLED}"
+    if func in PACKED and batch_sizes_of(args[1]) is None:
+        return f"{kind} {func} over a PackedSequence: its batch sizes are data, unknown to a fake trace: {NOT_MODELLED}"
     if func is aten.lstm.input and _lstm_on_onednn(x, args[1], info):
         return None if x.dtype == torch.float32 else f"{kind} LSTM inference on oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     # GRU cells and the fused transformer kernels run their projections as matmuls inside the op.
@@ -209,7 +213,7 @@ def recurrent_note(func: Any, args: tuple[Any, ...], info: CpuInfo) -> str | Non
 
 # The ops whose note is recurrent_note's: the recurrent layers, and the fused transformer kernels.
 RECURRENT = frozenset({aten.mkldnn_rnn_layer.default, aten.mkldnn_rnn_layer_backward.default, aten.lstm.input,
-                       *NATIVE_INFER, aten._transformer_encoder_layer_fwd.default,
+                       *NATIVE_INFER, *PACKED, aten._transformer_encoder_layer_fwd.default,
                        aten._native_multi_head_attention.default})
 
 

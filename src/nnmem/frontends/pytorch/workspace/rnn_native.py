@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import alloc_peak, aten, nbytes
@@ -87,6 +88,61 @@ def native_sequence(cell: _Cell, seq_len: int, batch: int, size: int, num_layers
     return seq
 
 
+def _packed_forward(cell: _Cell, sizes: list[int], e: int) -> list[int]:
+    """``PackedLayer``: the batch shrinks from step to step; the rows that end are sliced off the hidden
+    state into ``hiddens`` (an LSTM's cell state then outlives its step), concatenated at the end."""
+    out, total = cell.out * e, sum(sizes)
+    seq, owned_c, kept_c, last = [total * cell.gates * e], 0, 0, sizes[0]
+    for b in sizes:
+        if b < last:
+            kept_c, owned_c = kept_c + owned_c, 0
+        seq += _step(cell, b, e, True)
+        if cell.lstm:
+            seq, owned_c = [*seq, -owned_c], b * cell.hidden * e
+        last = b
+    final = sizes[0] * (out + (cell.hidden * e if cell.lstm else 0))
+    return [*seq, total * out, final, -total * out, -total * cell.gates * e, -(kept_c + owned_c)]
+
+
+def _packed_reverse(cell: _Cell, sizes: list[int], e: int) -> list[int]:
+    """``ReversedPackedLayer``: from the last step back; where the batch grows, the hidden state is
+    concatenated with the rows of the initial one that start there (freed after that step's cell)."""
+    out, total = cell.out * e, sum(sizes)
+    seq, owned_c, rows = [total * cell.gates * e], 0, sizes[-1]
+    for b in reversed(sizes):
+        grown = b * out if b > rows else 0
+        seq.append(grown)
+        if grown and cell.lstm:
+            seq, owned_c = [*seq, b * cell.hidden * e, -owned_c], b * cell.hidden * e
+        seq += [*_step(cell, b, e, True), -grown]
+        if cell.lstm:
+            seq, owned_c = [*seq, -owned_c], b * cell.hidden * e
+        rows = b
+    return [*seq, total * out, -(total - sizes[0]) * out, -total * cell.gates * e]
+
+
+def packed_sequence(cell: _Cell, sizes: list[int], num_layers: int, dirs: int, e: int) -> list[int]:
+    """Signed allocation sizes of one packed ``_rnn_impl`` call (PackedLayer, PackedBidirectionalLayer)."""
+    data = sum(sizes) * cell.out * e  # one direction's packed output
+    seq: list[int] = []
+    prev = 0
+    for _ in range(num_layers):
+        seq += _packed_forward(cell, sizes, e)
+        if dirs == 2:
+            seq += [*_packed_reverse(cell, sizes, e), 2 * data, -2 * data]
+        seq += [-prev]
+        prev = dirs * data
+    finals = num_layers * dirs * sizes[0]
+    return [*seq, finals * cell.out * e, finals * cell.hidden * e if cell.lstm else 0]
+
+
+def batch_sizes_of(t: Any) -> list[int] | None:
+    """The values of a PackedSequence's ``batch_sizes``, or None in a fake trace (they are data)."""
+    if is_fake(t) or not isinstance(t, torch.Tensor):
+        return None
+    return [int(v) for v in t.tolist()]
+
+
 def _cell_of(params: list[torch.Tensor], hx: Any) -> _Cell:
     """The cell of a call: LSTM takes ``[h0, c0]`` (h0 P wide with a projection), the others one state."""
     gates = int(params[0].shape[0])
@@ -113,6 +169,19 @@ def rule_native_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, t
     return max(alloc_peak(seq) - fresh, 0)
 
 
+def rule_packed_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
+    """``aten.{rnn_tanh,rnn_relu,gru,lstm}.data`` (a PackedSequence) under inference mode. Arguments: data,
+    batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional. Without the batch
+    sizes' values (a fake trace) nothing is modelled: rnn.recurrent_note says so."""
+    sizes = batch_sizes_of(args[1])
+    if sizes is None or not sizes:
+        return 0
+    seq = packed_sequence(_cell_of(args[3], args[2]), sizes, int(args[5]), 2 if bool(args[8]) else 1,
+                          args[0].element_size())
+    return max(alloc_peak(seq) - sum(nbytes(t) for t in out), 0)
+
+
 # The ops whose inference-mode call runs the whole native stack (lstm.input only off oneDNN: rnn.py).
 NATIVE_INFER = (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input)
-WORKSPACE = dict.fromkeys(NATIVE_INFER, rule_native_infer)
+PACKED = (aten.gru.data, aten.rnn_tanh.data, aten.rnn_relu.data, aten.lstm.data)
+WORKSPACE = {**dict.fromkeys(NATIVE_INFER, rule_native_infer), **dict.fromkeys(PACKED, rule_packed_infer)}
