@@ -12,6 +12,7 @@ lands at a different batch for every model; the table prints them in bytes, so e
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 from _common import zoo_parser  # benchmarks/ is the script's directory, first on sys.path
@@ -53,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
     exact = sum(bool(r["exact"]) for r in rows)
     print(f"\nexact answers: {exact}/{len(rows)} (measured(b) <= budget < measured(b+1), allocator level, CPU)")
+    traces = sorted(int(str(r["traces"])) for r in rows)
+    if traces:
+        print(f"traces per search: median {statistics.median(traces):g}, max {traces[-1]}, "
+              f"<= 3 in {sum(t <= 3 for t in traces)} of {len(traces)}")
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump(rows, fh, indent=2)
