@@ -1,12 +1,14 @@
 """The workspace rules of the convolution ops: read the call, pick ATen's kernel, size its scratch.
 
-Forward: ``aten.convolution`` and, under inference mode, ``aten.conv1d/conv2d/conv_transpose1d/2d``;
+Forward: ``aten.convolution`` and, under inference mode, ``aten.conv1d/2d/3d``, ``aten.conv_transpose1d/2d/3d``;
 backward: ``aten.convolution_backward``. The kernel choice is :mod:`.conv_select`'s; the sizes are
-:mod:`.conv_onednn`'s (float32 through oneDNN) and :mod:`.conv_im2col`'s (ATen's im2col kernel).
+:mod:`.conv_onednn`'s (float32 nchw through oneDNN), :mod:`.conv_nhwc`'s (channels-last through oneDNN) and
+:mod:`.conv_im2col`'s (ATen's im2col kernel).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +17,9 @@ import torch
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import aten, nbytes
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
+from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward
 from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward, conv_transpose_forward
-from nnmem.frontends.pytorch.workspace.conv_select import ConvCall, conv_backend, conv_call
+from nnmem.frontends.pytorch.workspace.conv_select import ConvCall, conv_backend, conv_call, onednn_gemm, onednn_nhwc
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: ConvCall | None,
@@ -26,7 +29,11 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
     backend = conv_backend(call, info)
     if backend == "slow2d":
         return slow2d_forward(call, nbytes(out))
-    if call.dtype != torch.float32 or (call.x_layout != "contiguous" and not call.one_d) or len(call.x_shape) != 4:
+    if call.dtype != torch.float32 or len(call.x_shape) != 4:
+        return 0  # not modelled: conv_note says so
+    if backend == "mkldnn" and onednn_nhwc(call):
+        return nhwc_forward(x, weight, call.groups, info.onednn_block)
+    if (call.x_layout != "contiguous" and not call.one_d) or (backend == "mkldnn" and onednn_gemm(call, info)[0]):
         return 0  # not modelled: conv_note says so
     if backend == "mkldnn":  # a strided 1-D input is made contiguous first, and stays live
         copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else 0
@@ -62,7 +69,8 @@ def _call_conv_transpose_nd(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Co
 def _call_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ConvCall | None:
     """``aten.convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
     transposed, output_padding, groups, output_mask)``."""
-    return conv_call(args[1], args[2], args[4], args[5], args[6], bool(args[7]), args[8], int(args[9]))
+    call = conv_call(args[1], args[2], args[4], args[5], args[6], bool(args[7]), args[8], int(args[9]))
+    return None if call is None else dataclasses.replace(call, backward=True)
 
 
 def rule_convolution(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,
@@ -91,9 +99,20 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     backend = conv_backend(call, info)
     if backend == "slow2d":
         return slow2d_backward(call, grad_out, mask, fresh)
-    if backend != "mkldnn" or call.dtype != torch.float32 or call.x_layout != "contiguous" or len(call.x_shape) != 4:
+    if backend != "mkldnn" or call.dtype != torch.float32 or len(call.x_shape) != 4:
         return 0  # transposed (oneDNN) backward: not modelled yet; the others: conv_note says so
-    return conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block)
+    if onednn_nhwc(call):
+        conv = (call.stride, call.padding, call.dilation)
+        if onednn_gemm(call, info)[1]:  # the weights' gradient on gemm (conv_note says so): grad_input only
+            mask = (mask[0], False, False)
+        return nhwc_backward(grad_out, x, weight, call.groups, conv, mask, out, info.onednn_block)
+    if call.x_layout != "contiguous" or onednn_gemm(call, info)[0]:
+        return 0  # conv_note says so
+    if onednn_gemm(call, info)[1]:  # the weights' gradient on gemm (conv_note says so): grad_input only
+        mask = (mask[0], False, False)
+    strided_nhwc = call.groups == 1 and any(s > 1 for s in call.stride)
+    return conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
+                         strided_nhwc)
 
 
 CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | None]] = {
@@ -102,6 +121,8 @@ CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | Non
     aten.conv2d.default: _call_conv_nd,
     aten.conv_transpose1d.default: _call_conv_transpose_nd,
     aten.conv_transpose2d.input: _call_conv_transpose_nd,
+    aten.conv3d.default: _call_conv_nd,
+    aten.conv_transpose3d.input: _call_conv_transpose_nd,
     aten.convolution_backward.default: _call_convolution_backward,
 }
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from nnmem.frontends.pytorch.workspace._common import alloc_peak, nbytes, round_up
+from nnmem.frontends.pytorch.workspace.conv_select import grouped_block, io_block
 
 
 def _conv_dims(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> tuple[int, ...]:
@@ -32,17 +33,27 @@ def _conv_weight_blocked(c: int, o: int, k: int, groups: int, e: int, b: int, sm
     return o * (c // groups) * k * e  # grouped: measured equal to the dense weights (calibrate: g4 case)
 
 
+def _block(c: int, o: int, groups: int, b: int) -> int:
+    """The channel block of the activations: a grouped (not depthwise) convolution's own
+    (:func:`.conv_select.grouped_block`, which divides the channels), else the ISA's ``b``."""
+    if groups == 1 or groups == c == o:
+        return b
+    return grouped_block(c // groups, o // groups, b) or b
+
+
 def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Tensor, groups: int, b: int) -> int:
     """Scratch of ``mkldnn_convolution`` on a float32 NC(H)W input (aten/src/ATen/native/mkldnn/Conv.cpp).
 
-    ideep reorders the source to nChw16c (nChw8c below AVX-512: ``b`` is oneDNN's channel block; not when
-    ``ic < b``: oneDNN's first-layer kernels read nchw directly), the weights to a blocked layout, an
+    ideep reorders the source to nChw16c (nChw8c below AVX-512: ``b`` is oneDNN's channel block, a grouped
+    convolution's own block where one divides its channels; not when ``ic < b`` and the kernel is larger
+    than 1x1: oneDNN's first-layer kernels read nchw directly), the weights to a blocked layout, an
     unaligned bias to a padded copy (+128 B, measured), computes into a blocked destination with channels
     padded to the block, and ``mkldnn_to_dense`` copies that into the dense output. Sequence measured:
     ``[bias, src, wei, dst, -wei, -src, -bias, out, -dst]``.
     """
     n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, out)
-    small_ic = groups == 1 and c < b
+    small_ic = groups == 1 and c < b and k > 1  # a 1x1 kernel (jit_1x1) reads a padded blocked source
+    b = _block(c, o, groups, b)
     src = 0 if small_ic else n * round_up(c, b) * s_in * e
     wei = _conv_weight_blocked(c, o, k, groups, e, b, small_ic)
     bia = round_up(o, b) * e + 128 if bias is not None and o % b else 0
@@ -64,28 +75,37 @@ def conv_transpose_forward(x: torch.Tensor, weight: torch.Tensor, out: torch.Ten
 
 
 def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_defined: bool,
-                  groups: int, mask: Sequence[bool], outs: Sequence[Any], b: int) -> int:
+                  groups: int, mask: Sequence[bool], outs: Sequence[Any], b: int,
+                  strided_nhwc: bool = False) -> int:
     """Scratch of ``mkldnn_convolution_backward`` (aten/src/ATen/native/mkldnn/Conv.cpp), float32.
 
     backward_data: grad_output reordered to nChw16c (nChw8c below AVX-512), weights reordered, a blocked
-    grad_input then copied dense. backward_weights: grad_output reordered again, the source reordered (nchw
-    kept for ic <= 3, 8-channel blocks for 4 <= ic <= 8), blocked grad_weight/grad_bias then copied dense.
+    grad_input then copied dense; ``strided_nhwc`` (a strided ungrouped convolution, which oneDNN runs on
+    ``brgconv_strided`` in nhwc): grad_output reordered to nhwc, weights to ``Bcda16b/32b``,
+    an nhwc grad_input, then copied dense through one more temporary of its size. backward_weights:
+    grad_output reordered again, the source reordered (nchw kept for ic <= 3, 8-channel blocks for
+    4 <= ic <= 8, both only above 1x1 kernels), blocked grad_weight/grad_bias then copied dense.
     A non-contiguous grad_output is first made contiguous. oneDNN's bwd-weights reduction scratchpad
     (per-thread partial sums, a few tens of KB) and the bwd-data scratchpad of strided convolutions are not
     modelled.
     """
     n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, grad_out)
+    b = _block(c, o, groups, b)
     contiguous = 0 if grad_out.is_contiguous() else nbytes(grad_out)
     seq = [contiguous]
-    if mask[0]:
+    if mask[0] and strided_nhwc:  # brgconv_strided: nhwc grad_output and grad_input, Bcda16b/32b weights
+        gy, gx = n * o * s_out * e, nbytes(x)
+        wei = o * round_up(c, io_block(c, b)) * k * e
+        seq += [gy, wei, gx, -wei, -gy, gx, gx, -gx, -gx]
+    elif mask[0]:
         gy = n * round_up(o, b) * s_out * e
         wei = _conv_weight_blocked(c, o, k, groups, e, b, False)
         gx_blocked = n * round_up(c, b) * s_in * e
         gx = nbytes(x)
         seq += [gy, wei, gx_blocked, -wei, -gy, gx, -gx_blocked]
     if mask[1] or mask[2]:
-        first = groups == 1 and c <= 3
-        bc = 8 if groups == 1 and 4 <= c <= 8 else b
+        first = groups == 1 and c <= 3 and k > 1
+        bc = 8 if groups == 1 and 4 <= c <= 8 and k > 1 else b
         gy = n * round_up(o, bc) * s_out * e
         src = 0 if first else n * round_up(c, bc) * s_in * e
         if groups == 1:

@@ -8,13 +8,14 @@ effective ISA (:mod:`nnmem.cpu`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from nnmem.cpu import CpuInfo
-from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, dtype_name
+from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, dtype_name, round_up
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +23,7 @@ class ConvCall:
     """One convolution as ATen's ``_convolution`` sees it: a 1-D one as 2-D with height 1 (``view1d_as_2d``).
 
     Only shapes, dtypes and layouts: a rule never runs a tensor op. ``layout`` of a tensor is
-    "contiguous", "channels_last" or "strided".
+    "contiguous", "channels_last" or "strided". ``backward`` marks a ``convolution_backward`` call.
     """
 
     x_shape: tuple[int, ...]
@@ -38,6 +39,7 @@ class ConvCall:
     output_padding: tuple[int, ...]
     groups: int
     one_d: bool
+    backward: bool = False
 
     @property
     def x_bytes(self) -> int:
@@ -134,6 +136,78 @@ def _use_nnpack(call: ConvCall) -> bool:
                 and call.padding[1] < kw and call.x_shape[0] >= 16)
 
 
+def dw_jit_bwd_weights(x_shape: Sequence[int], w_shape: Sequence[int], stride: Sequence[int],
+                       padding: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether oneDNN's depthwise backward-weights kernel takes a 2-D depthwise convolution:
+    ``jit_uni_dw_conv_bwd_weights_kernel::init_conf`` (jit_uni_dw_conv_kernel_utils.cpp) wants no dilation,
+    ``kw <= 3``, ``stride_w <= kw``, each padding at most half the kernel, the input at least the kernel
+    high, padding above 1 a multiple of the stride. Otherwise a general kernel runs (``jit`` with the groups'
+    channels padded to 16 on nhwc, ``gemm`` on nchw)."""
+    if len(x_shape) != 4 or any(d != 1 for d in dilation):
+        return False
+    (ih, iw), (kh, kw) = x_shape[2:], w_shape[2:]
+    (sh, sw), (ph, pw) = stride, padding
+    oh, ow = (ih + 2 * ph - kh) // sh + 1, (iw + 2 * pw - kw) // sw + 1
+    b_pad = max(0, (oh - 1) * sh + kh - (ih + ph))
+    r_pad = max(0, (ow - 1) * sw + kw - (iw + pw))
+    return (kw <= 3 and sw <= kw and max(ph, b_pad) <= kh // 2 and max(pw, r_pad) <= kw // 2
+            and ih >= kh + (-ph % sh) and (ph <= 1 or ph % sh == 0) and (b_pad <= 1 or b_pad % sh == 0))
+
+
+def grouped_block(c_per_g: int, o_per_g: int, b: int) -> int | None:
+    """The channel block oneDNN's ``jit`` kernels give a grouped (not depthwise) convolution on nchw: the
+    largest of 16, 8, 4 (at most the ISA's block ``b``) dividing both per-group channel counts (layouts
+    ``aBcd16b/8b/4b`` in ``ONEDNN_VERBOSE``); None when none does, and oneDNN runs its ``gemm`` kernel."""
+    return next((bg for bg in (16, 8, 4) if bg <= b and c_per_g % bg == 0 and o_per_g % bg == 0), None)
+
+
+def _nhwc_gemm_bwd_weights(call: ConvCall, info: CpuInfo) -> bool:
+    """Whether a channels-last convolution's weight gradient runs on oneDNN's gemm kernel: below AVX-512
+    the ``jit`` one (``jit_avx2_conv_bwd_weights_kernel_f32::init_conf``) refuses dilation, ``kw >= 14``,
+    a kernel higher than the input or a top padding of the kernel's height."""
+    if info.onednn_block >= 16:
+        return False
+    depthwise = call.groups == call.x_shape[1] == call.w_shape[0]
+    if depthwise and dw_jit_bwd_weights(call.x_shape, call.w_shape, call.stride, call.padding, call.dilation):
+        return False
+    kh, kw = call.w_shape[2], call.w_shape[3]
+    return (any(d != 1 for d in call.dilation) or kw >= 14 or kh > call.x_shape[2]
+            or call.padding[0] >= kh)
+
+
+def onednn_gemm(call: ConvCall, info: CpuInfo) -> tuple[bool, bool]:
+    """``(forward and backward data, backward weights)``: whether oneDNN runs this float32 convolution on its
+    ``gemm`` kernel (per-thread im2col buffers, not modelled). On nchw, a grouped one without a channel
+    block does throughout; one with a block of 4 and a depthwise one outside the depthwise kernel do for
+    the weights' gradient (the ``jit`` backward-weights kernels take blocks of 8 and 16). On nhwc, see
+    :func:`_nhwc_gemm_bwd_weights`."""
+    c, o, g = call.x_shape[1], call.w_shape[0], call.groups
+    if onednn_nhwc(call):
+        return False, _nhwc_gemm_bwd_weights(call, info)
+    if g == 1 or len(call.x_shape) != 4:
+        return False, False
+    if g == c == o:
+        return False, not dw_jit_bwd_weights(call.x_shape, call.w_shape, call.stride, call.padding, call.dilation)
+    block = grouped_block(c // g, o // g, info.onednn_block)
+    return block is None, block is None or block == 4
+
+
+def io_block(channels: int, b: int) -> int:
+    """The brgemm convolutions' channel block: on AVX-512 16 up to 16 channels, 32 above; on AVX2 the channels
+    rounded up to 8 up to 24, above that 32 or 24, whichever pads less (32 on a tie)."""
+    if b == 16:
+        return 16 if channels <= 16 else 32
+    if channels <= 24:
+        return round_up(channels, 8)
+    return min((32, 24), key=lambda blk: round_up(channels, blk))
+
+
+def onednn_nhwc(call: ConvCall) -> bool:
+    """``mkldnn_conv_use_channels_last`` (mkldnn/Utils.h): a 2-D convolution whose input or weight is
+    channels-last runs on nhwc activations."""
+    return not call.one_d and len(call.x_shape) == 4 and "channels_last" in (call.x_layout, call.w_layout)
+
+
 def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     """Why this convolution's scratch is not modelled on this CPU, or None when a rule models it."""
     backend, kind = conv_backend(call, info), dtype_name(call.dtype)
@@ -143,6 +217,14 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     # are not.
     if backend == "mkldnn" and call.x_layout == "strided" and not call.one_d:
         return f"{call.x_layout} convolution input through oneDNN: {NOT_MODELLED}"
+    depthwise = call.groups == call.x_shape[1] == call.w_shape[0]
+    if backend == "mkldnn" and onednn_nhwc(call) and call.groups > 1 and not depthwise and info.onednn_block < 16:
+        return f"grouped channels-last convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
+    if backend == "mkldnn" and call.dtype == torch.float32 and any(onednn_gemm(call, info)):
+        what = "depthwise" if depthwise else "grouped" if call.groups > 1 else "dense"
+        return f"{what} convolution on oneDNN's gemm kernel (ISA {info.isa}): {NOT_MODELLED}"
+    if backend == "mkldnn_transpose" and call.backward:
+        return f"transposed convolution backward through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     if backend.startswith("mkldnn") and len(call.x_shape) == 5:
         return f"3-D convolution through oneDNN: {NOT_MODELLED}"
     if backend not in ("mkldnn", "mkldnn_transpose", "slow2d"):
