@@ -1,4 +1,4 @@
-"""The workspace rules of the recurrent layers: LSTM through oneDNN (ideep), GRU through ATen's native cells.
+"""The workspace rules of LSTM through oneDNN (ideep); the native cells (RNN, GRU, LSTM off oneDNN): rnn_native.
 
 Section sizes follow oneDNN src/cpu/rnn/rnn_utils.hpp (set_workspace_sizes, set_conf) and rnn_utils.cpp
 (set_offsets: every section starts on a 4 KiB page). ATen calls oneDNN once per layer and direction

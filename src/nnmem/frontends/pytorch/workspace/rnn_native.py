@@ -2,10 +2,10 @@
 
 ``nn.RNN`` (tanh, relu) and ``nn.GRU`` always, and ``nn.LSTM`` where oneDNN is not used (``proj_size``, or a
 type the CPU's oneDNN lacks), run aten/src/ATen/native/RNN.cpp: ``_rnn_impl`` stacks ``FullLayer`` or
-``FullBidirectionalLayer`` over ``SimpleCell`` / ``GRUCell`` / ``LSTMCell``. Under inference mode the whole
-stack is one op (``aten.rnn_tanh.input``, ``aten.gru.input``, ``aten.lstm.input``), so every tensor it makes
-is scratch: the allocation sequence below replays those sources, tensor by tensor. In training the same
-code runs op by op and the tracker sees each tensor; no rule is needed there.
+``FullBidirectionalLayer`` (``PackedLayer`` ... for a PackedSequence, the ``.data`` overloads) over
+``SimpleCell`` / ``GRUCell`` / ``LSTMCell``. Under inference mode the whole stack is one op (``aten.gru.input``
+...), so every tensor it makes is scratch: the sequences below replay those sources, tensor by tensor. In
+training the same code runs op by op and the tracker sees each tensor; no rule is needed there.
 """
 
 from __future__ import annotations
