@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from nnmem.errors import TraceError
+from nnmem.frontends.keras.tensorflow.scratch import tensor_bytes
 
-__all__ = ["UNPINNED", "executor_waves", "execution_order", "pin", "pinned_schedule", "reachable"]
+__all__ = ["PICKS", "UNPINNED", "executor_waves", "execution_order", "pin", "pinned_schedule", "reachable"]
 
 _FUSED_PRODUCERS = frozenset({"Conv2D", "DepthwiseConv2dNative", "Conv3D", "MatMul", "Pad", "_FusedConv2D"})
 _FUSED_CONSUMERS = frozenset({"BiasAdd", "Conv2D", "DepthwiseConv2dNative", "_FusedConv2D"})
@@ -94,7 +95,7 @@ def execution_order(graph: Any, kept: set[str]) -> list[Any]:
         order = _kahn(ops, group_of)
         if order is not None:
             return order
-    raise TraceError(f"the graph of {graph.name!r} has a cycle")  # a graph TensorFlow traced has none
+    raise TraceError(f"the graph of {getattr(graph, 'name', 'the step')!r} has a cycle")  # none when traced
 
 
 def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
@@ -124,14 +125,22 @@ def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
     return order if len(order) == len(ops) else None
 
 
-def executor_waves(graph: Any, kept: set[str], threads: int) -> tuple[list[Any], list[int]]:
+PICKS = ("fifo", "lifo", "largest")
+"""Which ready ops :func:`executor_waves` starts first: the oldest, the newest, the largest outputs."""
+
+
+def executor_waves(graph: Any, kept: set[str], threads: int, pick: str = "fifo") -> tuple[list[Any], list[int]]:
     """An order TensorFlow's default executor can run the ops in with ``threads`` inter-op threads, in waves.
 
     ``common_runtime/executor.cc`` (``ExecutorState::ScheduleReady``): the ops a finished op makes ready join
     a FIFO (``inline_ready``, popped from the front) or, while their kernel counts as expensive (every kernel
     does until ``KernelStats`` has timed it), start at once on the inter-op pool, so up to ``threads`` ready
     ops run at the same time, each holding its inputs until it finishes. Here every tick starts the first
-    ``threads`` ready groups (:func:`_fusion_groups`) of that FIFO together and finishes them together.
+    ``threads`` ready groups (:func:`_fusion_groups`) of that FIFO together and finishes them together
+    (``pick="fifo"``). With "lifo" the newest ready groups start first, as a pool thread runs the tasks it
+    scheduled itself: Eigen's ``NonBlockingThreadPool`` pushes a worker's own task to the front of its queue
+    and pops from the front. Which ready op a thread starts next follows timing, so any of them can: with
+    "largest" the groups with the largest outputs start first, a greedy stand-in for the worst order.
 
     Returns:
         (the ops in order, for each op the index of the last op of its wave: where its inputs are freed).
@@ -152,8 +161,12 @@ def executor_waves(graph: Any, kept: set[str], threads: int) -> tuple[list[Any],
     ready = deque(g for g in members if waiting[g] == 0)
     order: list[Any] = []
     wave_end: list[int] = []
+    size = {g: sum(tensor_bytes(t) for i in m for t in ops[i].outputs) for g, m in members.items()}
     while ready:
-        wave = [ready.popleft() for _ in range(min(max(threads, 1), len(ready)))]
+        if pick == "largest":
+            ready = deque(sorted(ready, key=lambda g: -size[g]))
+        take = ready.pop if pick == "lifo" else ready.popleft
+        wave = [take() for _ in range(min(max(threads, 1), len(ready)))]
         start = len(order)
         for g in wave:
             order.extend(ops[i] for i in members[g])

@@ -1,26 +1,30 @@
 """The range a step's BFC peak spans over the op orders TensorFlow's default executor can run it in.
 
 The default executor (``common_runtime/executor.cc``) runs ready kernels concurrently on its inter-op pool, in an
-order that follows timing, so the peak of a plain ``train_on_batch`` differs between processes. The range is
-the lowest and highest BFC peak over the sequential order the estimate replays (:mod:`.schedule`,
-``execution_order``) and the executor's FIFO order one op at a time and ``threads`` ops at a time
-(``executor_waves``), each replayed (:mod:`.replay`) and handed to the BFC allocator model
-(:mod:`nnmem.allocators.bfc`) with the same resident blocks.
+order that follows timing, on the graph Grappler rewrote (``grappler/optimizers/meta_optimizer.cc``, run by the
+function runtime before the executor starts). The range is the lowest and highest peak over the graph as traced
+and as Grappler's default passes rewrite it (:func:`grappler_graph`), each in the sequential order the estimate
+replays (:mod:`.schedule` ``execution_order``) and the executor's orders one op and ``threads`` ops at a time
+(``executor_waves``): replayed (:mod:`.replay`) and handed to the BFC allocator model
+(:mod:`nnmem.allocators.bfc`) with the same resident blocks. The low end is the bytes requested (no allocator
+waste), the high end the BFC chunks' bytes.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from typing import Any
 
 import tensorflow as tf
 
 from nnmem.allocators.bfc import steady_state_chunks
-from nnmem.frontends.keras.tensorflow.replay import Replay
-from nnmem.frontends.keras.tensorflow.schedule import executor_waves
+from nnmem.errors import TraceError
+from nnmem.frontends.keras.tensorflow.replay import Replay, functions_of
+from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_waves
 from nnmem.trace import Phase
 
-__all__ = ["allocator_peak", "inter_op_threads", "peak_in_use", "peak_range"]
+__all__ = ["grappler_graph", "inter_op_threads", "peak_in_use", "peak_range"]
 
 
 def inter_op_threads() -> int:
@@ -33,19 +37,6 @@ def inter_op_threads() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def allocator_peak(resident: list[tuple[int, int]], sizes: list[int], alloc_at: list[int], free_at: list[int],
-                   workspace: list[int], fixed: int = 0) -> int:
-    """The BFC bytes in use at the peak of a steady-state step, in bytes.
-
-    Args:
-        resident: (bytes, initializer temporaries) of the variables, as :func:`steady_state_chunks` takes them.
-        sizes, alloc_at, free_at, workspace: the step's blocks and ops, as :func:`steady_state_chunks` takes them.
-        fixed: bytes live throughout that the allocator model does not place (inputs, constants).
-    """
-    held, chunks = steady_state_chunks(resident, sizes, alloc_at, free_at, workspace)
-    return peak_in_use(fixed + sum(held), chunks, alloc_at, free_at, workspace)
 
 
 def peak_in_use(resident: int, chunks: list[int], alloc_at: list[int], free_at: list[int],
@@ -65,22 +56,72 @@ def peak_in_use(resident: int, chunks: list[int], alloc_at: list[int], free_at: 
     return peak
 
 
-def _wave_peak(graph: Any, kept: set[str], threads: int, functions: dict[str, Any], keep: list[str],
-               resident: list[tuple[int, int]], fixed: int) -> int:
-    """The peak of the executor's FIFO order run ``threads`` ops at a time (inputs freed when a wave ends)."""
-    ops, wave_end = executor_waves(graph, kept, threads)
-    replay = Replay(functions)
-    replay.run(ops, {t.name for t in graph.inputs}, [(Phase.FORWARD, "")] * len(ops), keep=keep)
-    free_at = [wave_end[f] if f >= 0 else -1 for f in replay.free_at]
-    return allocator_peak(resident, replay.sizes, replay.alloc_at, free_at, [w for *_, w in replay.ops], fixed)
+def grappler_graph(graph: Any, fetch: list[str]) -> Any | None:
+    """The graph as Grappler's default passes rewrite it for the function runtime, or None where it fails.
+
+    Args:
+        graph: the step's function graph.
+        fetch: names of the ops whose results or side effects the step needs (Grappler prunes the rest).
+    """
+    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(graph.as_graph_def())
+    meta.collection_def["train_op"].node_list.value.extend(fetch)
+    try:
+        rewritten = tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
+        out = tf.Graph()
+        with out.as_default():
+            tf.graph_util.import_graph_def(rewritten, name="")
+    except (ValueError, TypeError, tf.errors.OpError):
+        return None
+    for op in out.get_operations():  # a variable's shape lives in the traced graph's handle data, not the GraphDef
+        for t in op.outputs:
+            if not t.shape.is_fully_defined():
+                try:
+                    t.set_shape(graph.get_tensor_by_name(t.name).shape)
+                except (KeyError, ValueError):
+                    continue
+    return out
 
 
-def peak_range(graph: Any, kept: set[str], functions: dict[str, Any], resident: list[tuple[int, int]],
-               fixed: int, sequential: int) -> tuple[int, int, int]:
-    """(lowest, highest peak, inter-op threads) over the sequential order (peak ``sequential``, in bytes) and
-    the executor's FIFO order one op and :func:`inter_op_threads` ops at a time, in bytes."""
+def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], threads: int,
+           resident: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(requested, BFC) peaks of the executor's orders, 1 and ``threads`` ops at a time, each of ``PICKS``."""
+    out = []
+    for n in sorted({1, threads}):
+        for pick in PICKS:
+            ops, wave_end = executor_waves(graph, kept, n, pick)
+            replay = Replay(functions_of(graph))
+            replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep)
+            free_at = [wave_end[f] if f >= 0 else -1 for f in replay.free_at]
+            workspace = [w for *_, w in replay.ops]
+            held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, free_at, workspace)
+            out.append((peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, free_at, workspace),
+                        peak_in_use(sum(held), chunks, replay.alloc_at, free_at, workspace)))
+    return out
+
+
+def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequential: tuple[int, int],
+               grappler: bool = True) -> tuple[int, int, int]:
+    """(lowest, highest peak, inter-op threads), in bytes, over the step's op orders (module docstring).
+
+    Args:
+        graph: the step's function graph.
+        kept: names of the ops the function runs.
+        resident: (bytes, initializer temporaries) of the blocks live before the step (BFC requests).
+        sequential: (requested, BFC) peak of the sequential order, in bytes.
+        grappler: include the graph as Grappler rewrites it.
+    """
     threads = inter_op_threads()
     keep = [t.name for t in graph.outputs]
-    peaks = [sequential, *(_wave_peak(graph, kept, n, functions, keep, resident, fixed)
-                           for n in sorted({1, threads}))]
-    return min(peaks), max(peaks), threads
+    inputs = {t.name for t in graph.inputs}
+    peaks = [sequential, *_peaks(graph, kept, inputs, keep, threads, resident)]
+    rewritten = grappler_graph(graph, sorted(kept)) if grappler else None
+    if rewritten is not None:
+        names = {op.name for op in rewritten.get_operations()}
+        with suppress(TraceError):  # a loop lowered to v1 control flow (NextIteration) is a cycle: left out
+            peaks += _peaks(rewritten, names, {n for n in inputs if n.split(":")[0] in names},
+                            [n for n in keep if n.split(":")[0] in names], threads, resident)
+    return min(p for p, _ in peaks), max(b for _, b in peaks), threads

@@ -5,8 +5,9 @@ so ``train_on_batch`` runs ``one_step_on_data``, a plain ``tf.function``, on Ten
 estimate traces that function afresh for ``tf.TensorSpec`` s of the data (nothing batch-sized is allocated),
 orders its ops (:mod:`.schedule`), replays them (:mod:`.replay`) and hands every buffer to the BFC allocator
 model (:mod:`nnmem.allocators.bfc`) from the model's build on, each variable after the temporaries of its random
-initializer. Blocks are attributed to the innermost ``Layer.__call__`` that created their op. Not modelled:
-Grappler's rewrites, the default executor's cost-driven order, other initializers' temporaries.
+initializer. ``peak_bytes`` is that sequential order's; ``meta["peak_low"]`` / ``["peak_high"]`` the range over the
+orders the default executor can run (:mod:`.spread`). Blocks are attributed to the innermost ``Layer.__call__``
+that created their op. Not modelled: other initializers' temporaries, kernels' per-thread scratch.
 """
 
 from __future__ import annotations
@@ -270,8 +271,9 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     resident = [(bfc_round(b.nbytes), t) for b, t in zip(blocks, temporaries)]
     workspace = [w for *_, w in replay.ops]
     held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace)
-    sequential = peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, workspace)
-    low, high, threads = peak_range(graph, kept, replay.functions, resident, 0, sequential)
+    sequential = (peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at, workspace),
+                  peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, workspace))
+    low, high, threads = peak_range(graph, kept, resident, sequential)
     blocks = _held(blocks, held)
     base = len(blocks)
     for b, size in enumerate(chunks):
