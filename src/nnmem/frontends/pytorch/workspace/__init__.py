@@ -6,7 +6,8 @@ for one op overload, the peak of the allocator's running sum inside the real ker
 outputs, for the kernel ATen picks on this CPU (:mod:`nnmem.cpu`, docs/cpu-isa.md). Rules by op family:
 :mod:`.attention`, :mod:`.conv`, :mod:`.norm`, :mod:`.pool`, :mod:`.rnn`, :mod:`.misc`; sizes read from
 ``benchmarks/calibrate_workspace.py`` (torch 2.13.0, oneDNN 3.12) and the sources each rule names;
-``tests/frontends/pytorch/test_workspace.py`` and ``test_workspace_attention.py`` measure them.
+``tests/frontends/pytorch/test_workspace.py``, ``test_workspace_attention.py`` and
+``test_workspace_conv_random.py`` measure them.
 A path no rule models gives a note (:func:`note_for`, :attr:`WorkspaceRules.notes`), not a silent zero.
 """
 

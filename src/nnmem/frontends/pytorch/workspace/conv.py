@@ -19,7 +19,14 @@ from nnmem.frontends.pytorch.workspace._common import aten, nbytes
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
 from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward
 from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward, conv_transpose_forward
-from nnmem.frontends.pytorch.workspace.conv_select import ConvCall, conv_backend, conv_call, onednn_gemm, onednn_nhwc
+from nnmem.frontends.pytorch.workspace.conv_select import (
+    ConvCall,
+    conv_backend,
+    conv_call,
+    onednn_3d_forward,
+    onednn_gemm,
+    onednn_nhwc,
+)
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: ConvCall | None,
@@ -29,7 +36,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
     backend = conv_backend(call, info)
     if backend == "slow2d":
         return slow2d_forward(call, nbytes(out))
-    if call.dtype != torch.float32 or len(call.x_shape) != 4:
+    if call.dtype != torch.float32 or len(call.x_shape) != 4 and not onednn_3d_forward(call, backend):
         return 0  # not modelled: conv_note says so
     if backend == "mkldnn" and onednn_nhwc(call):
         return nhwc_forward(x, weight, call.groups, info.onednn_block)
@@ -131,6 +138,7 @@ WORKSPACE = {
     aten.convolution.default: rule_convolution,
     aten.conv1d.default: rule_conv_nd,
     aten.conv2d.default: rule_conv_nd,
+    aten.conv3d.default: rule_conv_nd,
     aten.conv_transpose1d.default: rule_conv_transpose_nd,
     aten.conv_transpose2d.input: rule_conv_transpose_nd,
     aten.convolution_backward.default: rule_convolution_backward,

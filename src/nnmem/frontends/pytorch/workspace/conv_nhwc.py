@@ -8,9 +8,9 @@ the blocked layout of the oneDNN implementation that runs, grad_weight is copied
 (``Acdb8a/16a/24a/32a`` on AVX2), ``Bcda16b/32b`` backward data; ``jit`` backward weights ``ABcd16b16a``
 (``Acdb16a`` below 16 input channels on AVX-512); grouped ``jit`` ``aBCde16c16b``; depthwise ``Goihw16g``.
 Scratchpads booked by oneDNN (``memory_tracking`` registry; each booking is padded by 128 B) are counted
-where the source sizes them from the shape: the padded bias and the depthwise nxc reduction buffers; the
-brgemm kernels' buffers (about 12 KB forward, 12 to 100 KB backward data) and the dense bwd-weights
-reduction are not.
+where the source sizes them from the shape (the padded bias, the depthwise nxc reduction buffers) and for
+the brgemm forward kernels (a constant, see below); the brgemm backward-data buffers (12 to 100 KB) and the
+dense bwd-weights reduction are not.
 """
 
 from __future__ import annotations
@@ -64,10 +64,18 @@ def forward_weight(x: torch.Tensor, weight: torch.Tensor, groups: int, b: int) -
     return round_up(o, io_block(o, b)) * c * k * e
 
 
+# The brgemm forward kernels' scratchpad (brgemm_convolution_utils::init_scratchpad: batch elements and
+# buffers, each booked page-aligned, P4K): 3 * 4096 + 48 B in every shape measured (channels 3 to 100,
+# kernels 1x1 to 3x3, strides 1 and 2, AVX-512 and AVX2, 2 threads).
+_BRGEMM_FWD_SCRATCHPAD = 3 * 4096 + 48
+
+
 def nhwc_forward(x: torch.Tensor, weight: torch.Tensor, groups: int, b: int) -> int:
     """Scratch of ``mkldnn_convolution`` with channels-last activations: the input and the weight made
-    channels-last, the weight reordered, ``[x, w, out, wei, -wei, -w, -x]``."""
-    return _cl_copy(x) + _cl_copy(weight) + forward_weight(x, weight, groups, b)
+    channels-last, the weight reordered, the brgemm scratchpad of an ungrouped one,
+    ``[x, w, out, scratchpad, wei, -wei, -scratchpad, -w, -x]``."""
+    scratchpad = _BRGEMM_FWD_SCRATCHPAD if groups == 1 else 0
+    return _cl_copy(x) + _cl_copy(weight) + scratchpad + forward_weight(x, weight, groups, b)
 
 
 def _bwd_weights(x: torch.Tensor, weight: torch.Tensor, gy: torch.Tensor, groups: int, bias: bool,

@@ -202,6 +202,13 @@ def io_block(channels: int, b: int) -> int:
     return min((32, 24), key=lambda blk: round_up(channels, blk))
 
 
+def onednn_3d_forward(call: ConvCall, backend: str) -> bool:
+    """Whether a 3-D convolution is one whose oneDNN forward the nchw rules size (nCdhw16c reorders as in
+    2-D): float32, contiguous, neither transposed nor depthwise; its backward is not modelled."""
+    return (backend == "mkldnn" and len(call.x_shape) == 5 and not call.backward and not call.transposed
+            and call.x_layout == "contiguous" and not call.groups == call.x_shape[1] == call.w_shape[0])
+
+
 def onednn_nhwc(call: ConvCall) -> bool:
     """``mkldnn_conv_use_channels_last`` (mkldnn/Utils.h): a 2-D convolution whose input or weight is
     channels-last runs on nhwc activations."""
@@ -225,7 +232,7 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         return f"{what} convolution on oneDNN's gemm kernel (ISA {info.isa}): {NOT_MODELLED}"
     if backend == "mkldnn_transpose" and call.backward:
         return f"transposed convolution backward through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
-    if backend.startswith("mkldnn") and len(call.x_shape) == 5:
+    if backend.startswith("mkldnn") and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend):
         return f"3-D convolution through oneDNN: {NOT_MODELLED}"
     if backend not in ("mkldnn", "mkldnn_transpose", "slow2d"):
         return f"{kind} convolution on ATen's {backend} kernel (oneDNN ISA {info.isa}): {NOT_MODELLED}"

@@ -165,4 +165,14 @@ def drop_unasked_batch_norm_grads(args: tuple[Any, ...], kwargs: dict[str, Any],
     return tuple(t if wanted else None for t, wanted in zip(out, mask))
 
 
-FAKE_OUTPUTS = {aten.native_batch_norm_backward.default: drop_unasked_batch_norm_grads}
+def contiguous_layer_norm_grad(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    """The meta kernel of ``native_layer_norm_backward`` gives grad_input grad_output's strides; the CPU kernel
+    allocates it contiguous (``layer_norm_backward_cpu``: ``empty_like(X, LEGACY_CONTIGUOUS_MEMORY_FORMAT)``),
+    which decides the layout every later kernel sees (a permuted ConvNeXt-style norm hands it on)."""
+    if not isinstance(out, tuple) or not isinstance(out[0], torch.Tensor) or out[0].is_contiguous():
+        return out
+    return (torch.empty_like(out[0], memory_format=torch.contiguous_format), *out[1:])
+
+
+FAKE_OUTPUTS = {aten.native_batch_norm_backward.default: drop_unasked_batch_norm_grads,
+                aten.native_layer_norm_backward.default: contiguous_layer_norm_grad}
