@@ -30,9 +30,10 @@ BACKENDS = ("torch", "jax", "tensorflow")
 
 # What the user's own run may do differently from the estimated step, on TensorFlow.
 _TF_NOTES = (
-    "schedule: ops in the graph's construction order, as `nnmem measure` pins them; a plain train_on_batch runs "
-    "Grappler's rewrites and an op order that follows heap addresses, so its peak can differ between processes "
-    "(`nnmem measure --runs N` shows the spread on this model)",
+    "schedule: the peak is for the ops in the graph's construction order, one at a time (`NNMEM_TF_MEASURE=pinned "
+    "nnmem measure` runs that order); a plain train_on_batch runs ready ops concurrently in an order that follows "
+    "timing, on the graph Grappler rewrote: the allocator range covers the orders modelled, and its peak differs "
+    "between processes (`nnmem measure --runs N` shows the spread on this model)",
     "BFC layout: the estimate replays TensorFlow's allocator from the model's build; holes the rest of the setup "
     "leaves can hand a tensor a chunk up to 2x its size",
 )

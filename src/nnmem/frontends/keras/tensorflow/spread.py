@@ -18,10 +18,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from nnmem.allocators.bfc import steady_state_chunks
+from nnmem.allocators.bfc import bfc_round, steady_state_chunks
 from nnmem.errors import TraceError
 from nnmem.frontends.keras.tensorflow.replay import Replay, functions_of
 from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_waves
+from nnmem.frontends.keras.tensorflow.scratch import tensor_bytes
 from nnmem.trace import Phase
 
 __all__ = ["grappler_graph", "inter_op_threads", "peak_in_use", "peak_range"]
@@ -103,6 +104,12 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
     return out
 
 
+def _const_bytes(graph: Any, names: set[str]) -> int:
+    """BFC bytes the graph's ``Const`` ops among ``names`` hold (a ``ConstantOp`` keeps its tensor)."""
+    return sum(bfc_round(tensor_bytes(op.outputs[0])) for op in graph.get_operations()
+               if op.type == "Const" and op.name in names)
+
+
 def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequential: tuple[int, int],
                grappler: bool = True) -> tuple[int, int, int]:
     """(lowest, highest peak, inter-op threads), in bytes, over the step's op orders (module docstring).
@@ -121,6 +128,9 @@ def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequ
     rewritten = grappler_graph(graph, sorted(kept)) if grappler else None
     if rewritten is not None:
         names = {op.name for op in rewritten.get_operations()}
+        folded = _const_bytes(rewritten, names) - _const_bytes(graph, kept)
+        if folded > 0:  # constants Grappler's folding made: each ConstantOp holds its tensor, like the traced ones
+            resident = [*resident, (folded, 0)]
         with suppress(TraceError):  # a loop lowered to v1 control flow (NextIteration) is a cycle: left out
             peaks += _peaks(rewritten, names, {n for n in inputs if n.split(":")[0] in names},
                             [n for n in keep if n.split(":")[0] in names], threads, resident)
