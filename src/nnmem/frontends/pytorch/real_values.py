@@ -1,11 +1,11 @@
-"""Real values carried alongside a fake trace, for the ops whose output depends on data.
+"""Real values in a fake trace, for the ops whose output depends on data.
 
-Fake tensors have shapes but no values, so ``.item()``, ``nonzero``, boolean-mask indexing and ``unique``
-cannot run on them. The inputs and buffers a user gives are real, so each fake copy keeps its real tensor;
-an op whose tensor arguments all have real values (and is not a random draw) is run on them too, when its
-outputs are small, and a data-dependent op then takes its outputs' shapes from the real result. A value
-that comes from the weights or a random draw has no real counterpart: a scalar read is taken as 0 (False)
-and a data-dependent size at its maximum (every mask element set); the trace says so in ``guesses``.
+Fake tensors have shapes but no values, so ``.item()``, ``nonzero``, boolean masks and ``unique`` cannot run
+on them, and libraries take their tracing path on a FakeTensor (transformers ``is_tracing``). Small inputs and
+buffers stay plain tensors: ops on plain tensors alone run for real, so code takes the path it takes in the
+real step; a fake tensor computed from plain ones keeps its real value beside it. A value from the weights or
+a random draw has none: a scalar read is taken as 0 (False), a data-dependent size at its largest, noted in
+``guesses``; the indices of a ``topk`` over such values (a mixture of experts' routing) follow ``ROUTINGS``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from nnmem.errors import TraceError
 from nnmem.frontends.pytorch.fake_kernels import FAKE_KERNELS
+from nnmem.units import format_bytes
 
-__all__ = ["RealValues", "guess_note"]
+__all__ = ["COMPUTE_LIMIT", "ROUTINGS", "RealValues", "guess_note", "routing_note"]
 
 # Largest output (elements) whose real value is computed alongside the fake one: masks, ids, lengths and
 # positions are this small for any batch that fits a machine; activations are not computed.
@@ -39,18 +40,32 @@ _UNIQUE = frozenset({torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.
                      torch.ops.aten.unique_consecutive.default, torch.ops.aten._unique.default})
 
 
+_TOPK = torch.ops.aten.topk.default
+# How the indices of a topk over unknown scores are chosen: "balanced" spreads the picks of successive rows
+# over all candidates (row r takes r*k .. r*k+k-1, modulo n: every expert gets the same load), "packed"
+# gives every row candidate 0 (one expert takes every token, the largest load it can get), the last
+# candidate one row, and spreads the other picks over the rest.
+ROUTINGS = ("balanced", "packed")
+
+
 class RealValues(TorchDispatchMode):
     """A dispatch mode, entered inside FakeTensorMode, that gives fake tensors their real values.
 
+    Args:
+        routing: one of ``ROUTINGS``, for the indices of a ``topk`` over values with no real counterpart.
+
     Attributes:
         guesses: ops whose data-dependent result had no real value, with how often each was guessed.
+        routed: whether a ``topk`` over unknown values had its indices chosen by ``routing``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, routing: str = ROUTINGS[0]) -> None:
         super().__init__()
         self._real: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._stale: WeakIdKeyDictionary = WeakIdKeyDictionary()  # fake storages written by unknown values
+        self._routing = routing
         self.guesses: Counter[str] = Counter()
+        self.routed = False
 
     def bind(self, fake: Any, real: Any, *, copy: bool = False) -> None:
         """Record ``real`` as the value of ``fake`` (matching structures of tensors; meta tensors skipped).
@@ -82,13 +97,27 @@ class RealValues(TorchDispatchMode):
         if out is not None:
             return out
         real = self._real_args(func, args, kwargs)
+        leaves = tree_flatten((args, kwargs))[0]
+        if real is not None and not any(isinstance(a, FakeTensor) for a in leaves) \
+                and any(isinstance(a, torch.Tensor) for a in leaves):
+            with _disable_current_modes():  # plain tensors in, plain tensors out: the user's small values
+                return func(*args, **kwargs)
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
             return self._data_dependent(func, args, kwargs, real)
         if real is not None and sum(t.numel() for t in _fakes(out)) <= COMPUTE_LIMIT:
             with _disable_current_modes():
-                self.bind(out, func(*real[0], **real[1]))
+                result = func(*real[0], **real[1])
+            if not any(isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0]):
+                return result  # stays a plain tensor: code that takes a fast path on real values takes it here
+            self.bind(out, result)
+        elif func is _TOPK and out[1].numel() <= COMPUTE_LIMIT:
+            self.routed = True
+            dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+            candidates = args[0].shape[dim] if args[0].dim() else 1
+            with _disable_current_modes():
+                self.bind(out[1], _route(tuple(out[1].shape), dim, candidates, self._routing == "packed"))
         else:
             for i, t in enumerate(_mutated(func, args, kwargs)):
                 self._stale[t.untyped_storage()] = i
@@ -125,6 +154,29 @@ class RealValues(TorchDispatchMode):
     def _value_or_stand_in(self, t: Any, func: Any, *, full: bool) -> Any:
         value = self._value(t)
         return _stand_in(t, func, full=full) if value is None else value
+
+
+def _route(shape: tuple[int, ...], dim: int, candidates: int, packed: bool) -> torch.Tensor:
+    """topk indices of ``shape`` along ``dim`` out of ``candidates``, as ``ROUTINGS`` describes."""
+    if not shape:
+        return torch.zeros((), dtype=torch.long)
+    dim %= len(shape)
+    k = shape[dim]
+    rows = 1
+    for i, size in enumerate(shape):
+        rows *= size if i != dim else 1
+    row = torch.arange(rows).unsqueeze(1)
+    if packed:  # candidate 0 in every row (its load is every row); the last candidate in one row only;
+        # the other picks spread over the rest (an expert loop's backward, last expert first, frees least)
+        middle = max(candidates - 2, 1)
+        rest = (row * (k - 1) + torch.arange(k - 1)) % middle + 1
+        picks = torch.cat([torch.zeros(rows, 1, dtype=torch.long), rest], dim=1)
+        if k > 1 and candidates > 2:
+            picks[0, -1] = candidates - 1
+    else:
+        picks = (row * k + torch.arange(k)) % max(candidates, 1)
+    moved = [size for i, size in enumerate(shape) if i != dim] + [k]
+    return picks.reshape(moved).movedim(-1, dim).contiguous()
 
 
 def _stand_in(fake: torch.Tensor, func: Any, *, full: bool) -> torch.Tensor:
@@ -173,3 +225,13 @@ def guess_note(guesses: Counter[str]) -> str:
     return ("some results depended on values computed from the weights or drawn at random "
             f"({ops}): a scalar read was taken as 0 (False) and a data-dependent size at its largest, "
             "so memory that depends on them is an upper bound")
+
+
+def routing_note(balanced: dict[str, int], packed: dict[str, int]) -> str:
+    """The report's note on a step whose routing (``topk`` over values from the weights) was chosen."""
+    def figures(peaks: dict[str, int]) -> str:
+        return ", ".join(f"{level} {format_bytes(nbytes, 3)}" for level, nbytes in peaks.items())
+
+    return ("expert routing depends on the weights, so it was bounded: with every expert equally loaded the "
+            f"step peaks at {figures(balanced)}; with one expert taking every token at {figures(packed)}; "
+            "the report gives the larger")

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from nnmem import optimizers
 from nnmem.errors import ConfigError, TraceError, first_line
-from nnmem.frontends.pytorch.real_values import RealValues, guess_note
+from nnmem.frontends.pytorch.real_values import COMPUTE_LIMIT, ROUTINGS, RealValues, guess_note, routing_note
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
-from nnmem.trace import Category, LayerInfo, Phase, Trace
+from nnmem.simulate import simulate
+from nnmem.trace import Category, LayerInfo, Level, Phase, Trace
 
 __all__ = [
     "default_loss", "fake_copy", "layer_infos", "make_optimizer", "optimizer_name",
@@ -193,18 +196,38 @@ def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: st
     Parameters, buffers, inputs and optimizer state are replaced by fake tensors for the trace (the
     model's own tensors are put back afterwards). Steady state is reached by giving every trainable
     parameter a gradient and stepping the optimizer once, which creates its state as a real previous
-    step would.
+    step would. Inputs and buffers keep their real values for data-dependent ops (:mod:`.real_values`);
+    a step whose ``topk`` routes over values from the weights (a mixture of experts) is traced with
+    balanced and with packed routing, and the trace with the higher peak is returned (a note gives both
+    where they differ).
     """
+    trace, values = _trace_fake(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
+                                rules=rules, meta=meta, routing=ROUTINGS[0])
+    notes = [guess_note(values.guesses)] if values.guesses else []
+    if values.routed:
+        other, _ = _trace_fake(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
+                               rules=rules, meta=meta, routing=ROUTINGS[1])
+        peaks = [simulate(t).peaks for t in (trace, other)]
+        if peaks[0] != peaks[1]:
+            notes.append(routing_note(peaks[0], peaks[1]))
+        if peaks[1][Level.TENSOR.value] > peaks[0][Level.TENSOR.value]:
+            trace = other
+    if notes:
+        trace.meta["data_dependent"] = "\n".join(notes)
+    return trace
+
+
+def _trace_fake(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
+                loss_fn: Callable[..., Any] | None, target: Any, rules: OpRules | None,
+                meta: dict[str, object] | None, routing: str) -> tuple[Trace, RealValues]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    real_buffers = dict(model.named_buffers())
-    values = RealValues()
-    with FakeTensorMode(allow_non_fake_inputs=False), _swapped(model, fake_copy), values:
-        fakes = fake_copy((tuple(inputs), target))
-        values.bind(fakes, (tuple(inputs), target), copy=True)
-        for name, buffer in model.named_buffers():
-            values.bind(buffer, real_buffers.get(name), copy=True)
-        inputs, target = fakes
+    small = {id(b): b.detach().clone() for b in model.buffers() if not b.is_meta and b.numel() <= COMPUTE_LIMIT}
+    inputs, target = tree_map(_real_or_fake, (tuple(inputs), target))
+    values = RealValues(routing)
+    swap = _swapped(model, lambda t: small[id(t)] if id(t) in small else fake_copy(t))
+    with FakeTensorMode(allow_non_fake_inputs=True), swap, values:
+        inputs, target = tree_map(lambda t: t.fake() if isinstance(t, _Pending) else t, (inputs, target))
         opt = prepare_step(model, mode, optimizer)
         if opt is not None:
             for group in opt.param_groups:
@@ -212,10 +235,32 @@ def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: st
                     p.grad = torch.zeros_like(p)
             opt.step()
         trace = trace_prepared(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target,
-                               rules=rules, meta=meta)
-    if values.guesses:
-        trace.meta["data_dependent"] = guess_note(values.guesses)
-    return trace
+                               rules=rules, meta=dict(meta or {}))
+    return trace, values
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """An input too large (or on the meta device) to keep its real value: it becomes a fake tensor."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+
+    def fake(self) -> torch.Tensor:
+        """The fake tensor (made inside FakeTensorMode)."""
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device="cpu",
+                                   requires_grad=self.requires_grad)
+
+
+def _real_or_fake(value: Any) -> Any:
+    """A copy of a small real input (its values drive data-dependent ops), or a note to make it fake."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_meta or value.numel() > COMPUTE_LIMIT:
+        return _Pending(tuple(value.shape), value.stride(), value.dtype, value.requires_grad)
+    return value.detach().clone().requires_grad_(value.requires_grad)
 
 
 def _owners(model: torch.nn.Module) -> dict[int, str]:
