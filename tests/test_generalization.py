@@ -27,18 +27,26 @@ pytestmark = pytest.mark.accuracy
 TENSOR_MAX, ALLOCATOR_MAX = 0.005, 0.10
 
 KNOWN_MISSES: dict[int, str] = {
-    16: "Wav2Vec2ForCTC train adagrad b2: the estimate raises (TraceError: aten._local_scalar_dense, a "
-        "data-dependent SpecAugment mask) and the measurement too (a weight_norm-parametrized module cannot be "
-        "pickled to the child)",
     20: "BartForConditionalGeneration train adagrad b2: tensor estimated 649,956 B, measured 642,212 B (+1.21 %)",
     22: "GRU over a packed batch, infer b3: the estimate raises (TraceError: aten._pack_padded_sequence reads "
         "the lengths); measured 18,424 B tensor, 21,256 B allocator",
 }
 """Sample cases that miss today, by index, with the measured figures (an AVX-512 CPU with bf16)."""
 
+RANDOM_STEPS: dict[int, str] = {
+    16: "Wav2Vec2ForCTC train adagrad b2: SpecAugment draws its time mask from numpy's global generator, so the "
+        "real step's peak differs between processes; estimated 1,865,206 B allocator, measured 1,191,286 B and "
+        "1,225,462 B (+52 to +57 %) in three runs and within 10 % in one",
+}
+"""Sample cases whose step draws data-dependent shapes at random: they miss in most runs, not all (not strict)."""
+
 
 def _param(case: generalization.Case) -> object:
-    marks = [pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[case.index])] if case.index in KNOWN_MISSES else []
+    marks = []
+    if case.index in KNOWN_MISSES:
+        marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[case.index]))
+    if case.index in RANDOM_STEPS:
+        marks.append(pytest.mark.xfail(strict=False, reason=RANDOM_STEPS[case.index]))
     return pytest.param(case, id=case.label, marks=marks)
 
 
