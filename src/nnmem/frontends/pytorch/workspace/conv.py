@@ -26,6 +26,7 @@ from nnmem.frontends.pytorch.workspace.conv_select import (
     onednn_3d_forward,
     onednn_gemm,
     onednn_nhwc,
+    onednn_transpose_backward,
 )
 
 
@@ -45,8 +46,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
     if backend == "mkldnn":  # a strided 1-D input is made contiguous first, and stays live
         copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else 0
         return copy + conv_forward(x, weight, bias, out, call.groups, info.onednn_block)
-    if backend == "mkldnn_transpose":
-        return conv_transpose_forward(x, weight, out)
+    if backend == "mkldnn_transpose" and call.groups == 1:
+        return conv_transpose_forward(x, weight, out, info.onednn_block)
     return 0
 
 
@@ -106,8 +107,12 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     backend = conv_backend(call, info)
     if backend == "slow2d":
         return slow2d_backward(call, grad_out, mask, fresh)
+    if backend == "mkldnn_transpose" and onednn_transpose_backward(call, info):
+        # ideep's deconvolution backward runs oneDNN convolutions with the roles swapped: the same
+        # blocked reorders as a forward convolution's backward (ONEDNN_VERBOSE: aBcd16b, BAcd16a16b)
+        return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block)
     if backend != "mkldnn" or call.dtype != torch.float32 or len(call.x_shape) != 4:
-        return 0  # transposed (oneDNN) backward: not modelled yet; the others: conv_note says so
+        return 0  # conv_note says so
     if onednn_nhwc(call):
         conv = (call.stride, call.padding, call.dilation)
         if onednn_gemm(call, info)[1]:  # the weights' gradient on gemm (conv_note says so): grad_input only

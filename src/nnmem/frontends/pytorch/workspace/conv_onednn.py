@@ -62,16 +62,20 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Te
     return alloc_peak([bia, src, wei, dst, -wei, -src, -bia, dense, -dst]) - dense
 
 
-def conv_transpose_forward(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> int:
-    """Scratch of ``mkldnn_convolution_transpose`` (aten/src/ATen/native/mkldnn/Conv.cpp).
+def conv_transpose_forward(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, b: int) -> int:
+    """Scratch of ``mkldnn_convolution_transpose`` on a float32 nchw input (aten/src/ATen/native/mkldnn/Conv.cpp,
+    ideep ``deconvolution_forward``; layouts ``aBcd16b`` / ``BAcd16b16a`` in ``ONEDNN_VERBOSE``).
 
-    Measured: source and weight reorders, an unpadded destination, the dense output and one more copy
-    of it, ``[src, wei, dst, -wei, -src, out, copy, -dst, -out]``. A further constant ~60 KB buffer seen
-    in the measurement (primitive scratchpad) is not modelled.
+    The source and the weights reordered with channels padded to the block, a blocked destination, a buffer
+    of the destination's size (+128 B) that ideep holds across the primitive, then ``mkldnn_to_dense``
+    copies the destination out: ``[buf, src, wei, dst, -wei, -src, -buf, out, -dst]``.
     """
+    n, c, o, s_in, s_out, k, e = _conv_dims(x, weight.transpose(0, 1), out)
+    src = n * round_up(c, b) * s_in * e
+    wei = round_up(o, b) * round_up(c, b) * k * e
+    dst = n * round_up(o, b) * s_out * e
     dense = nbytes(out)
-    src, wei = nbytes(x), nbytes(weight)
-    return alloc_peak([src, wei, dense, -wei, -src, dense, dense, -dense, -dense]) - dense
+    return alloc_peak([dst + 128, src, wei, dst, -wei, -src, -dst - 128, dense, -dst]) - dense
 
 
 def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_defined: bool,

@@ -209,6 +209,14 @@ def onednn_3d_forward(call: ConvCall, backend: str) -> bool:
             and call.x_layout == "contiguous" and not call.groups == call.x_shape[1] == call.w_shape[0])
 
 
+def onednn_transpose_backward(call: ConvCall, info: CpuInfo) -> bool:
+    """Whether a transposed convolution's backward through oneDNN is one the nchw rules size: float32, 2-D,
+    ungrouped, contiguous, both channel counts multiples of the block (unaligned ones take other kernels)."""
+    b = info.onednn_block
+    return (call.dtype == torch.float32 and call.groups == 1 and not call.one_d and len(call.x_shape) == 4
+            and call.x_layout == "contiguous" and call.x_shape[1] % b == 0 and call.w_shape[1] % b == 0)
+
+
 def onednn_nhwc(call: ConvCall) -> bool:
     """``mkldnn_conv_use_channels_last`` (mkldnn/Utils.h): a 2-D convolution whose input or weight is
     channels-last runs on nhwc activations."""
@@ -230,8 +238,10 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     if backend == "mkldnn" and call.dtype == torch.float32 and any(onednn_gemm(call, info)):
         what = "depthwise" if depthwise else "grouped" if call.groups > 1 else "dense"
         return f"{what} convolution on oneDNN's gemm kernel (ISA {info.isa}): {NOT_MODELLED}"
-    if backend == "mkldnn_transpose" and call.backward:
-        return f"transposed convolution backward through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
+    if backend == "mkldnn_transpose" and (call.groups > 1 or call.x_layout != "contiguous"
+                                          or call.backward and not onednn_transpose_backward(call, info)):
+        what = "backward" if call.backward else "grouped" if call.groups > 1 else call.x_layout.replace("_", "-")
+        return f"transposed convolution ({what}) through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     if backend.startswith("mkldnn") and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend):
         return f"3-D convolution through oneDNN: {NOT_MODELLED}"
     if backend not in ("mkldnn", "mkldnn_transpose", "slow2d"):
