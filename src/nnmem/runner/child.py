@@ -3,8 +3,8 @@
 The child is forked from a fork server (``multiprocessing`` "forkserver"), not from the caller: a plain
 fork of a process whose OpenMP thread pool has run (any sizeable matmul or convolution in torch) leaves
 libgomp's locks held in the child, which then hangs in its first parallel region. The server preloads
-torch once, so a child starts in milliseconds; the work travels to it with cloudpickle, which carries
-closures, lambdas and classes defined in ``__main__`` by value.
+torch and the measurement code once, so a child starts in milliseconds; the work travels to it with
+cloudpickle, which carries closures, lambdas and classes defined in ``__main__`` by value.
 """
 
 from __future__ import annotations
@@ -41,10 +41,17 @@ def _child(conn: Any, payload: bytes) -> None:
         conn.close()
 
 
+_HEAVY = ("transformers",)
+
+
 def _context() -> Any:
     ctx = mp.get_context("forkserver")
     # Must be set before the server starts (the first child); later calls only repeat it.
-    preload = ["torch"] if importlib.util.find_spec("torch") else []
+    # torch and the PyTorch measurement (which pulls in the profiler and torch._dynamo) load once in the server,
+    # not in every child; so do the heavy model libraries the caller has already imported (transformers).
+    preload = ["torch", "torch._dynamo", "nnmem.frontends.pytorch.measure"] if importlib.util.find_spec("torch") \
+        else []
+    preload += [name for name in _HEAVY if name in sys.modules]
     ctx.set_forkserver_preload(preload)
     return ctx
 
