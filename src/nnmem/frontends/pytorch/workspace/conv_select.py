@@ -209,6 +209,15 @@ def onednn_3d_forward(call: ConvCall, backend: str) -> bool:
             and call.x_layout == "contiguous" and not call.groups == call.x_shape[1] == call.w_shape[0])
 
 
+def onednn_transpose_forward(call: ConvCall, info: CpuInfo) -> bool:
+    """Whether a transposed convolution's forward through oneDNN is one the nchw rule sizes: ungrouped,
+    contiguous, and stride 1 or channel counts multiples of the block (strided unaligned ones measured
+    otherwise)."""
+    b = info.onednn_block
+    aligned = call.x_shape[1] % b == 0 and call.w_shape[1] % b == 0
+    return call.groups == 1 and call.x_layout == "contiguous" and (aligned or all(s == 1 for s in call.stride))
+
+
 def onednn_transpose_backward(call: ConvCall, info: CpuInfo) -> bool:
     """Whether a transposed convolution's backward through oneDNN is one the nchw rules size: float32, 2-D,
     ungrouped, contiguous, both channel counts multiples of the block (unaligned ones take other kernels)."""
@@ -239,8 +248,10 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         what = "depthwise" if depthwise else "grouped" if call.groups > 1 else "dense"
         return f"{what} convolution on oneDNN's gemm kernel (ISA {info.isa}): {NOT_MODELLED}"
     if backend == "mkldnn_transpose" and (call.groups > 1 or call.x_layout != "contiguous"
-                                          or call.backward and not onednn_transpose_backward(call, info)):
-        what = "backward" if call.backward else "grouped" if call.groups > 1 else call.x_layout.replace("_", "-")
+                                          or call.backward and not onednn_transpose_backward(call, info)
+                                          or not call.backward and not onednn_transpose_forward(call, info)):
+        what = ("backward" if call.backward else "grouped" if call.groups > 1 else
+                call.x_layout.replace("_", "-") if call.x_layout != "contiguous" else "strided, unaligned")
         return f"transposed convolution ({what}) through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     if backend.startswith("mkldnn") and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend):
         return f"3-D convolution through oneDNN: {NOT_MODELLED}"
