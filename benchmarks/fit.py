@@ -1,12 +1,14 @@
 """Is ``nnmem fit`` exact? The largest batch it returns, checked against real measurements.
 
-Run:  python benchmarks/fit.py [--models mlp,vgg] [--factors 1.3,2.2,3.7] [--json out.json]
+Run:  python benchmarks/fit.py [--models mlp,vgg] [--factors 1.3,2.2,3.7] [--budgets 4GiB] [--json out.json]
 
 For each zoo model, mode (train with Adam, infer) and budget, ``nnmem.max_batch`` answers a batch b from
 traces; the step is then measured for real (``nnmem.measure``, a child process) at b and at b + 1. The answer
 is exact when measured(b) <= budget < measured(b + 1) at the level that decides an OOM on the CPU (the
 allocator level). Budgets are the model's estimated peak at batch 2 times each factor, so that each budget
 lands at a different batch for every model; the table prints them in bytes, so every row is reproducible.
+``--budgets`` gives absolute budgets instead (``--models mlp --budgets 4GiB``: batches beyond a million,
+measured for real at b and b + 1 — each measurement then allocates the whole budget).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 from _common import zoo_parser  # benchmarks/ is the script's directory, first on sys.path
 
 import nnmem
+from nnmem.units import parse_size
 
 CONFIGS = (("train", "adam"), ("infer", "sgd"))
 
@@ -36,20 +39,26 @@ def run_case(name: str, mode: str, optimizer: str, budget: int) -> dict[str, obj
 def main(argv: list[str] | None = None) -> int:
     parser = zoo_parser(__doc__, batch=False)
     parser.add_argument("--factors", default="1.3,2.2,3.7")
+    parser.add_argument("--budgets", default="", help="absolute budgets (e.g. 4GiB,8GiB) instead of --factors")
     args = parser.parse_args(argv)
     factors = [float(f) for f in args.factors.split(",")]
-    header = (f"{'model':20s} {'mode':5s} {'budget B':>12s} {'batch':>6s} {'traces':>6s} {'measured(b) B':>14s} "
+    budgets = [parse_size(b) for b in args.budgets.split(",") if b]
+    header = (f"{'model':20s} {'mode':5s} {'budget B':>14s} {'batch':>9s} {'traces':>6s} {'measured(b) B':>14s} "
               f"{'measured(b+1) B':>16s} {'exact':>6s}")
     print(header)
     print("-" * len(header))
     rows = []
     for name in args.models.split(","):
         for mode, optimizer in CONFIGS:
-            base = nnmem.estimate(name, mode=mode, optimizer=optimizer, batch=2).peak_bytes
-            for factor in factors:
-                row = run_case(name, mode, optimizer, int(base * factor))
+            if budgets:
+                chosen = budgets
+            else:
+                base = nnmem.estimate(name, mode=mode, optimizer=optimizer, batch=2).peak_bytes
+                chosen = [int(base * factor) for factor in factors]
+            for budget in chosen:
+                row = run_case(name, mode, optimizer, budget)
                 rows.append(row)
-                print(f"{name:20s} {mode:5s} {row['budget']:>12,} {row['batch']:>6} {row['traces']:>6} "
+                print(f"{name:20s} {mode:5s} {row['budget']:>14,} {row['batch']:>9,} {row['traces']:>6} "
                       f"{row['meas_b']:>14,} {row['meas_next']:>16,} {'yes' if row['exact'] else 'NO':>6s}",
                       flush=True)
     exact = sum(bool(r["exact"]) for r in rows)
