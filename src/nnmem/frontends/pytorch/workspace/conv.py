@@ -68,6 +68,33 @@ def _call_conv_nd(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ConvCall | N
                      _arg(args, kwargs, 5, "dilation", 1), False, 0, int(_arg(args, kwargs, 6, "groups", 1)))
 
 
+def _same_input(x: torch.Tensor, weight: torch.Tensor, padding: str, dilation: Any) -> tuple[torch.Tensor, Any]:
+    """``convolution_same`` (Convolution.cpp) for ``aten.conv1d/2d/3d.padding``: "valid" is padding 0; "same"
+    pads each spatial side by ``dilation * (kernel - 1) / 2``, and where that total is odd, first copies the
+    input one element longer on the right (``constant_pad_nd``). Returns the input the convolution reads (a
+    meta tensor when copied) and its symmetric padding."""
+    dims = x.dim() - 2
+    if padding != "same":
+        return x, 0
+    dil = [int(d) for d in dilation] if isinstance(dilation, (list, tuple)) else [int(dilation)]
+    dil = dil * dims if len(dil) == 1 else dil
+    totals = [d * (int(k) - 1) for d, k in zip(dil, weight.shape[2:])]
+    extra = [t % 2 for t in totals]
+    if not any(extra):
+        return x, [t // 2 for t in totals]
+    shape = (*x.shape[:2], *(int(s) + e for s, e in zip(x.shape[2:], extra)))
+    return torch.empty(shape, dtype=x.dtype, device="meta"), [t // 2 for t in totals]
+
+
+def _call_conv_nd_padding(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ConvCall | None:
+    """``aten.conv1d/2d/3d.padding(input, weight, bias, stride, padding: str, dilation, groups)`` (inference
+    mode, ``padding="same"`` or ``"valid"``), read as the ``aten.convolution`` it becomes."""
+    dilation = _arg(args, kwargs, 5, "dilation", 1)
+    x, padding = _same_input(args[0], args[1], str(_arg(args, kwargs, 4, "padding", "valid")), dilation)
+    return conv_call(x, args[1], _arg(args, kwargs, 3, "stride", 1), padding, dilation, False, 0,
+                     int(_arg(args, kwargs, 6, "groups", 1)))
+
+
 def _call_conv_transpose_nd(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ConvCall | None:
     """``aten.conv_transpose1d/2d(input, weight, bias, stride, padding, output_padding, groups, dilation)``."""
     return conv_call(args[0], args[1], _arg(args, kwargs, 3, "stride", 1), _arg(args, kwargs, 4, "padding", 0),
@@ -90,6 +117,16 @@ def rule_convolution(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, tr
 def rule_conv_nd(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
     bias = _arg(args, kwargs, 2, "bias", None)
     return _forward(args[0], args[1], bias, out, _call_conv_nd(args, kwargs), info)
+
+
+def rule_conv_nd_padding(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,
+                         info: CpuInfo) -> int:
+    x = args[0]
+    padded, _ = _same_input(x, args[1], str(_arg(args, kwargs, 4, "padding", "valid")),
+                            _arg(args, kwargs, 5, "dilation", 1))
+    copy = nbytes(padded) if padded is not x else 0  # the padded copy stays live across the convolution
+    bias = _arg(args, kwargs, 2, "bias", None)
+    return copy + _forward(padded, args[1], bias, out, _call_conv_nd_padding(args, kwargs), info)
 
 
 def rule_conv_transpose_nd(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,
@@ -135,6 +172,9 @@ CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | Non
     aten.conv_transpose1d.default: _call_conv_transpose_nd,
     aten.conv_transpose2d.input: _call_conv_transpose_nd,
     aten.conv3d.default: _call_conv_nd,
+    aten.conv1d.padding: _call_conv_nd_padding,
+    aten.conv2d.padding: _call_conv_nd_padding,
+    aten.conv3d.padding: _call_conv_nd_padding,
     aten.conv_transpose3d.input: _call_conv_transpose_nd,
     aten.convolution_backward.default: _call_convolution_backward,
 }
@@ -145,6 +185,9 @@ WORKSPACE = {
     aten.conv1d.default: rule_conv_nd,
     aten.conv2d.default: rule_conv_nd,
     aten.conv3d.default: rule_conv_nd,
+    aten.conv1d.padding: rule_conv_nd_padding,
+    aten.conv2d.padding: rule_conv_nd_padding,
+    aten.conv3d.padding: rule_conv_nd_padding,
     aten.conv_transpose1d.default: rule_conv_transpose_nd,
     aten.conv_transpose2d.input: rule_conv_transpose_nd,
     aten.convolution_backward.default: rule_convolution_backward,
