@@ -184,7 +184,7 @@ def onednn_gemm(call: ConvCall, info: CpuInfo) -> tuple[bool, bool]:
     c, o, g = call.x_shape[1], call.w_shape[0], call.groups
     if onednn_nhwc(call):
         return False, _nhwc_gemm_bwd_weights(call, info)
-    if g == 1 or len(call.x_shape) != 4:
+    if g == 1:
         return False, False
     if g == c == o:
         return False, not dw_jit_bwd_weights(call.x_shape, call.w_shape, call.stride, call.padding, call.dilation)
