@@ -28,8 +28,6 @@ TENSOR_MAX, ALLOCATOR_MAX = 0.005, 0.10
 
 KNOWN_MISSES: dict[int, str] = {
     20: "BartForConditionalGeneration train adagrad b2: tensor estimated 649,956 B, measured 642,212 B (+1.21 %)",
-    22: "GRU over a packed batch, infer b3: the estimate raises (TraceError: aten._pack_padded_sequence reads "
-        "the lengths); measured 18,424 B tensor, 21,256 B allocator",
 }
 """Sample cases that miss today, by index, with the measured figures (an AVX-512 CPU with bf16)."""
 

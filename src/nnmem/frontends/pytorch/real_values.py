@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from nnmem.errors import TraceError
-from nnmem.frontends.pytorch.fake_kernels import FAKE_KERNELS
+from nnmem.frontends.pytorch.fake_kernels import FAKE_KERNELS, VALUE_ARGS
 from nnmem.units import format_bytes
 
 __all__ = ["COMPUTE_LIMIT", "ROUTINGS", "RealValues", "guess_note", "routing_note"]
@@ -93,6 +93,9 @@ class RealValues(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         kernel = FAKE_KERNELS.get(func)
+        index = VALUE_ARGS.get(func)
+        if index is not None and index < len(args) and (value := self._value(args[index])) is not None:
+            args = (*args[:index], value, *args[index + 1:])  # the kernel reads these values
         out = kernel(*args, **kwargs) if kernel is not None else None
         if out is not None:
             return out

@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_map
 
 from nnmem import optimizers
 from nnmem.errors import ConfigError, TraceError, first_line
+from nnmem.frontends.pytorch.fake_kernels import packed_sequences
 from nnmem.frontends.pytorch.real_values import COMPUTE_LIMIT, ROUTINGS, RealValues, guess_note, routing_note
 from nnmem.frontends.pytorch.tracker import OpRules, StepTracker
 from nnmem.simulate import simulate
@@ -226,7 +227,7 @@ def _trace_fake(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, o
     inputs, target = tree_map(_real_or_fake, (tuple(inputs), target))
     values = RealValues(routing)
     swap = _swapped(model, lambda t: small[id(t)] if id(t) in small else fake_copy(t))
-    with FakeTensorMode(allow_non_fake_inputs=True), swap, values:
+    with FakeTensorMode(allow_non_fake_inputs=True), swap, values, packed_sequences():
         inputs, target = tree_map(lambda t: t.fake() if isinstance(t, _Pending) else t, (inputs, target))
         opt = prepare_step(model, mode, optimizer)
         if opt is not None:

@@ -202,7 +202,8 @@ def recurrent_note(func: Any, args: tuple[Any, ...], info: CpuInfo) -> str | Non
     if func in (aten.mkldnn_rnn_layer.default, aten.mkldnn_rnn_layer_backward.default):
         return None if x.dtype == torch.float32 else f"{kind} LSTM through oneDNN: {NOT_MODELLED}"
     if func in PACKED and batch_sizes_of(args[1]) is None:
-        return f"{kind} {func} over a PackedSequence: its batch sizes are data, unknown to a fake trace: {NOT_MODELLED}"
+        return (f"{kind} {func} over a PackedSequence: its batch sizes come from values the trace does not have: "
+                f"{NOT_MODELLED}")
     if func is aten.lstm.input and _lstm_on_onednn(x, args[1], info):
         return None if x.dtype == torch.float32 else f"{kind} LSTM inference on oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     # GRU cells and the fused transformer kernels run their projections as matmuls inside the op.

@@ -137,7 +137,8 @@ def packed_sequence(cell: _Cell, sizes: list[int], num_layers: int, dirs: int, e
 
 
 def batch_sizes_of(t: Any) -> list[int] | None:
-    """The values of a PackedSequence's ``batch_sizes``, or None in a fake trace (they are data)."""
+    """The values of a PackedSequence's ``batch_sizes`` (or of packing lengths): the fake trace keeps them real
+    (fake_kernels.py); None for a fake tensor, whose values are unknown."""
     if is_fake(t) or not isinstance(t, torch.Tensor):
         return None
     return [int(v) for v in t.tolist()]
@@ -172,7 +173,7 @@ def rule_native_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, t
 def rule_packed_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
     """``aten.{rnn_tanh,rnn_relu,gru,lstm}.data`` (a PackedSequence) under inference mode. Arguments: data,
     batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional. Without the batch
-    sizes' values (a fake trace) nothing is modelled: rnn.recurrent_note says so."""
+    sizes' values (a fake tensor: they came from the weights) nothing is modelled: rnn.recurrent_note says so."""
     sizes = batch_sizes_of(args[1])
     if sizes is None or not sizes:
         return 0
@@ -181,7 +182,44 @@ def rule_packed_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, t
     return max(alloc_peak(seq) - sum(nbytes(t) for t in out), 0)
 
 
+def _is_contiguous(sizes: list[int], strides: list[int]) -> bool:
+    """Whether a strided view is dense row-major (``Tensor::is_contiguous``: size-1 dims' strides ignored)."""
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def rule_pack(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
+    """``aten._pack_padded_sequence(input, lengths, batch_first)`` (PackedSequence.cpp): each block of steps
+    that shares a batch size is sliced from the time-major input and made ``contiguous()`` (a copy unless the
+    slice is dense), and all blocks live until ``at::cat`` has made the packed data."""
+    lengths = batch_sizes_of(args[1])
+    if not lengths:
+        return 0
+    x, batch_first = args[0], bool(args[2])
+    sizes, strides = list(x.shape), list(x.stride())
+    if batch_first:
+        sizes[0], sizes[1], strides[0], strides[1] = sizes[1], sizes[0], strides[1], strides[0]
+    row = x.element_size()
+    for size in sizes[2:]:
+        row *= size
+    copies, prev, batch = [], 0, len(lengths)
+    for i in range(batch):
+        length = lengths[batch - 1 - i]
+        if length > prev:
+            block = [length - prev, batch - i, *sizes[2:]]
+            if not _is_contiguous(block, strides):
+                copies.append(block[0] * block[1] * row)
+            prev = length
+    fresh = sum(nbytes(t) for t in out)
+    return max(alloc_peak([*copies, fresh, *(-c for c in copies)]) - fresh, 0)
+
+
 # The ops whose inference-mode call runs the whole native stack (lstm.input only off oneDNN: rnn.py).
 NATIVE_INFER = (aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input)
 PACKED = (aten.gru.data, aten.rnn_tanh.data, aten.rnn_relu.data, aten.lstm.data)
-WORKSPACE = {**dict.fromkeys(NATIVE_INFER, rule_native_infer), **dict.fromkeys(PACKED, rule_packed_infer)}
+WORKSPACE = {**dict.fromkeys(NATIVE_INFER, rule_native_infer), **dict.fromkeys(PACKED, rule_packed_infer),
+             aten._pack_padded_sequence.default: rule_pack}
