@@ -27,24 +27,21 @@ pytestmark = pytest.mark.accuracy
 TENSOR_MAX, ALLOCATOR_MAX = 0.005, 0.10
 
 KNOWN_MISSES: dict[int, str] = {
-    20: "BartForConditionalGeneration train adagrad b2: tensor estimated 649,956 B, measured 642,212 B (+1.21 %)",
 }
 """Sample cases that miss today, by index, with the measured figures (an AVX-512 CPU with bf16)."""
 
 RANDOM_STEPS: dict[int, str] = {
     16: "Wav2Vec2ForCTC train adagrad b2: SpecAugment draws its time mask from numpy's global generator, so the "
-        "real step's peak differs between processes; estimated 1,865,206 B allocator, measured 1,191,286 B and "
-        "1,225,462 B (+52 to +57 %) in three runs and within 10 % in one",
+        "real step's peak differs between processes (measured 1,191,286 B to within 10 % of the estimate)",
 }
-"""Sample cases whose step draws data-dependent shapes at random: they miss in most runs, not all (not strict)."""
+"""Sample cases whose step draws data-dependent shapes at random: the estimate takes every drawn mask at its
+largest and says so in a note, so it must hold the measured peak (the safe direction), not match it."""
 
 
 def _param(case: generalization.Case) -> object:
     marks = []
     if case.index in KNOWN_MISSES:
         marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[case.index]))
-    if case.index in RANDOM_STEPS:
-        marks.append(pytest.mark.xfail(strict=False, reason=RANDOM_STEPS[case.index]))
     return pytest.param(case, id=case.label, marks=marks)
 
 
@@ -56,6 +53,11 @@ def test_estimate_matches_measurement(case: generalization.Case) -> None:
     if notes:
         pytest.skip(notes)
     meas = nnmem.measure(built.model, built.inputs, timeout_s=300, **case.step_args)
+    if case.index in RANDOM_STEPS:
+        assert any("upper bound" in note for note in est.notes), RANDOM_STEPS[case.index]
+        for level in ("tensor", "allocator"):
+            assert est.peaks[level] >= meas.peaks[level], f"{level}: {RANDOM_STEPS[case.index]}"
+        return
     for level, limit in (("tensor", TENSOR_MAX), ("allocator", ALLOCATOR_MAX)):
         e, m = est.peaks[level], meas.peaks[level]
         assert abs(e - m) <= limit * m, f"{level}: estimated {e:,} B, measured {m:,} B ({(e - m) / m:+.2%}); " \
