@@ -51,6 +51,15 @@ def _bf16_1x1_same() -> tuple[nn.Module, torch.Tensor]:
             torch.randn(3, 15, 23, 23, dtype=torch.bfloat16))
 
 
+def _strided_1x1() -> tuple[nn.Module, torch.Tensor]:
+    return nn.Sequential(nn.Conv2d(19, 17, 1, stride=2, dilation=2), nn.ELU()), torch.randn(4, 19, 24, 24)
+
+
+def _strided_1x1_1d() -> tuple[nn.Module, torch.Tensor]:
+    return (nn.Sequential(nn.Conv1d(5, 17, 1, stride=2), nn.ELU(), nn.Conv1d(17, 29, 1, stride=3)),
+            torch.randn(2, 5, 134))
+
+
 def _onednn_bf16() -> bool:
     return describe().onednn_bf16
 
@@ -60,6 +69,8 @@ CASES = [
     Case("248 conv3d 7->5 k2 psame | 5->4 k2 s3 infer", _same_3d),
     Case("253 conv3d 12->24 g12 d3 psame replicate | 24->48 g24 | 48->4 k5 s3 infer", _multiplier_3d,
          noted=lambda: True),
+    Case("99 conv2d 19->17 k1 s2 d2 infer", _strided_1x1),
+    Case("conv1d 5->17 k1 s2 | 17->29 k1 s3 infer", _strided_1x1_1d),
     Case("55 conv2d bf16 15->6 k1 psame infer", _bf16_1x1_same, noted=_onednn_bf16),
 ]
 

@@ -46,7 +46,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
         return 0  # not modelled: conv_note says so
     if backend == "mkldnn":  # a strided 1-D input is made contiguous first, and stays live
         copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else 0
-        return copy + conv_forward(x, weight, bias, out, call.groups, info.onednn_block)
+        return copy + conv_forward(x, weight, bias, out, call.groups, info.onednn_block, call.stride)
     if backend == "mkldnn_transpose" and onednn_transpose_forward(call, info):
         return conv_transpose_forward(x, weight, out, info.onednn_block)
     return 0

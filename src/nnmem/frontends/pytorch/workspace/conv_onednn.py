@@ -41,7 +41,8 @@ def _block(c: int, o: int, groups: int, b: int) -> int:
     return grouped_block(c // groups, o // groups, b) or b
 
 
-def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Tensor, groups: int, b: int) -> int:
+def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Tensor, groups: int, b: int,
+                 stride: tuple[int, ...] = (1, 1)) -> int:
     """Scratch of ``mkldnn_convolution`` on a float32 NC(H)W input (aten/src/ATen/native/mkldnn/Conv.cpp).
 
     ideep reorders the source to nChw16c (nChw8c below AVX-512: ``b`` is oneDNN's channel block, a grouped
@@ -59,7 +60,19 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Te
     bia = round_up(o, b) * e + 128 if bias is not None and o % b else 0
     dst = n * round_up(o, b) * s_out * e
     dense = nbytes(out)
-    return alloc_peak([bia, src, wei, dst, -wei, -src, -bia, dense, -dst]) - dense
+    pad = _rtus_space(c, k, stride, groups, e, b, s_out)
+    return alloc_peak([bia, src, wei, dst, pad, -pad, -wei, -src, -bia, dense, -dst]) - dense
+
+
+def _rtus_space(c: int, k: int, stride: tuple[int, ...], groups: int, e: int, b: int, s_out: int) -> int:
+    """The scratchpad of a strided 1x1 (``jit_1x1``) forward: "reduce to unit stride" gathers the source per
+    thread, ``max_threads * nb_reduce * is * ic_block`` elements (``rtus_prepare_space_info``,
+    cpu/x64/jit_uni_1x1_conv_utils.hpp), plus the scratchpad registry's 128-byte alignment
+    (``memory_tracking::registrar_t::default_alignment``). Below AVX-512 a stride above 2 runs the direct
+    ``jit:avx2`` kernel instead (ONEDNN_VERBOSE), without one."""
+    if k != 1 or groups != 1 or max(stride) == 1 or b < 16 and max(stride) > 2:
+        return 0
+    return torch.get_num_threads() * -(-c // b) * s_out * b * e + 128
 
 
 def conv_transpose_forward(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, b: int) -> int:
