@@ -253,6 +253,10 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         what = ("backward" if call.backward else "grouped" if call.groups > 1 else
                 call.x_layout.replace("_", "-") if call.x_layout != "contiguous" else "strided, unaligned")
         return f"transposed convolution ({what}) through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
+    if backend == "mkldnn" and call.backward and call.one_d and torch.get_num_threads() > 1:
+        # oneDNN's backward-weights kernel splits a 1-D (height 1) problem over threads with per-thread
+        # reduction and transposed-source buffers in its scratchpad; measured exact on one thread only
+        return f"1-D convolution backward through oneDNN on {torch.get_num_threads()} threads: {NOT_MODELLED}"
     if backend.startswith("mkldnn") and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend):
         return f"3-D convolution through oneDNN: {NOT_MODELLED}"
     if backend not in ("mkldnn", "mkldnn_transpose", "slow2d"):
