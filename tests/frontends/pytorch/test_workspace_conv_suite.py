@@ -56,8 +56,11 @@ def _strided_1x1() -> tuple[nn.Module, torch.Tensor]:
 
 
 def _strided_1x1_1d() -> tuple[nn.Module, torch.Tensor]:
-    return (nn.Sequential(nn.Conv1d(5, 17, 1, stride=2), nn.ELU(), nn.Conv1d(17, 29, 1, stride=3)),
-            torch.randn(2, 5, 134))
+    return nn.Sequential(nn.Conv1d(5, 17, 1, stride=2), nn.ELU()), torch.randn(2, 5, 134)
+
+
+def _strided3_1x1() -> tuple[nn.Module, torch.Tensor]:
+    return nn.Sequential(nn.Conv1d(42, 36, 1, stride=3, dilation=2), nn.Sigmoid()), torch.randn(2, 42, 35)
 
 
 def _conv1d_train() -> tuple[nn.Module, torch.Tensor]:
@@ -84,7 +87,8 @@ CASES = [
     Case("253 conv3d 12->24 g12 d3 psame replicate | 24->48 g24 | 48->4 k5 s3 infer", _multiplier_3d,
          noted=lambda: True),
     Case("99 conv2d 19->17 k1 s2 d2 infer", _strided_1x1),
-    Case("conv1d 5->17 k1 s2 | 17->29 k1 s3 infer", _strided_1x1_1d),
+    Case("conv1d 5->17 k1 s2 infer", _strided_1x1_1d),
+    Case("conv1d 42->36 k1 s3 infer", _strided3_1x1, noted=lambda: True),
     Case("94 conv1d 45->2 k3 s2 train rmsprop", _conv1d_train, "train", "rmsprop", noted=_threaded),
     Case("172 conv1d 40->47 k5 s3 p2 reflect | 47->2 k3 s2 p1 circular train momentum", _conv1d_modes_train,
          "train", "momentum", noted=_threaded),

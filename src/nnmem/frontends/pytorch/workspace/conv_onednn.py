@@ -68,9 +68,9 @@ def _rtus_space(c: int, k: int, stride: tuple[int, ...], groups: int, e: int, b:
     """The scratchpad of a strided 1x1 (``jit_1x1``) forward: "reduce to unit stride" gathers the source per
     thread, ``max_threads * nb_reduce * is * ic_block`` elements (``rtus_prepare_space_info``,
     cpu/x64/jit_uni_1x1_conv_utils.hpp), plus the scratchpad registry's 128-byte alignment
-    (``memory_tracking::registrar_t::default_alignment``). Below AVX-512 a stride above 2 runs the direct
-    ``jit:avx2`` kernel instead (ONEDNN_VERBOSE), without one."""
-    if k != 1 or groups != 1 or max(stride) == 1 or b < 16 and max(stride) > 2:
+    (``memory_tracking::registrar_t::default_alignment``). Sized for stride 2 on 2-D (and 1-D) only, as
+    measured; other strided 1x1 kernels get conv_note's note."""
+    if k != 1 or groups != 1 or len(stride) != 2 or max(stride) != 2:
         return 0
     return torch.get_num_threads() * -(-c // b) * s_out * b * e + 128
 

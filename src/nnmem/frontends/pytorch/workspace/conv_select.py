@@ -253,6 +253,9 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         what = ("backward" if call.backward else "grouped" if call.groups > 1 else
                 call.x_layout.replace("_", "-") if call.x_layout != "contiguous" else "strided, unaligned")
         return f"transposed convolution ({what}) through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
+    if (backend == "mkldnn" and not call.backward and call.groups == 1 and math.prod(call.w_shape[2:]) == 1
+            and (max(call.stride) > 2 or len(call.x_shape) == 5 and max(call.stride) > 1)):
+        return f"strided 1x1 convolution (stride {max(call.stride)}) through oneDNN: {NOT_MODELLED}"
     if backend == "mkldnn" and call.backward and call.one_d and torch.get_num_threads() > 1:
         # oneDNN's backward-weights kernel splits a 1-D (height 1) problem over threads with per-thread
         # reduction and transposed-source buffers in its scratchpad; measured exact on one thread only
