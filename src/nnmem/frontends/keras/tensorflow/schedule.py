@@ -98,8 +98,9 @@ def execution_order(graph: Any, kept: set[str]) -> list[Any]:
     raise TraceError(f"the graph of {getattr(graph, 'name', 'the step')!r} has a cycle")  # none when traced
 
 
-def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
-    """Kahn's topological sort of the groups, lowest group index first; None when the groups form a cycle."""
+def _group_edges(ops: list[Any], group_of: list[int]) -> tuple[dict[int, list[int]], dict[int, list[int]],
+                                                                  dict[int, int]]:
+    """Per group: its ops' indices, the groups that wait on it, and how many groups it waits on."""
     index = {op.name: i for i, op in enumerate(ops)}
     members: dict[int, list[int]] = {}
     for i, g in enumerate(group_of):
@@ -107,11 +108,16 @@ def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
     users: dict[int, list[int]] = {g: [] for g in members}
     waiting = dict.fromkeys(members, 0)
     for i, op in enumerate(ops):
-        before = {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}
-        for name in before:
+        for name in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
             if name in index and group_of[index[name]] != group_of[i]:
                 users[group_of[index[name]]].append(group_of[i])
                 waiting[group_of[i]] += 1
+    return members, users, waiting
+
+
+def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
+    """Kahn's topological sort of the groups, lowest group index first; None when the groups form a cycle."""
+    members, users, waiting = _group_edges(ops, group_of)
     ready = [g for g, w in waiting.items() if w == 0]
     heapq.heapify(ready)
     order: list[Any] = []
@@ -147,17 +153,7 @@ def executor_waves(graph: Any, kept: set[str], threads: int, pick: str = "fifo")
     """
     ops = [op for op in graph.get_operations() if op.name in kept]
     group_of = _fusion_groups(ops)
-    index = {op.name: i for i, op in enumerate(ops)}
-    members: dict[int, list[int]] = {}
-    for i, g in enumerate(group_of):
-        members.setdefault(g, []).append(i)
-    users: dict[int, list[int]] = {g: [] for g in members}
-    waiting = dict.fromkeys(members, 0)
-    for i, op in enumerate(ops):
-        for name in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
-            if name in index and group_of[index[name]] != group_of[i]:
-                users[group_of[index[name]]].append(group_of[i])
-                waiting[group_of[i]] += 1
+    members, users, waiting = _group_edges(ops, group_of)
     ready = deque(g for g in members if waiting[g] == 0)
     order: list[Any] = []
     wave_end: list[int] = []
