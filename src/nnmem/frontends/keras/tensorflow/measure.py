@@ -212,7 +212,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object], schedul
             with other thread pools than :func:`sequential_runtime` sets.
     """
     schedule = schedule_of(schedule)
-    trace = trace_step(step, meta=meta)
+    trace = trace_step(step, meta=meta, with_range=schedule == "plain")
     if schedule == "pinned":
         sequential_runtime()
         _check_pools(int(trace.meta.get("call_depth", 0)))  # type: ignore[call-overload]

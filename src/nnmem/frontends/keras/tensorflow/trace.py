@@ -248,10 +248,15 @@ def _gradient_blocks(ops: list[Any], replay: Replay, where: list[tuple[Phase, st
     return out
 
 
-def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
+def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = True) -> Trace:
     """Estimate one Keras step on the TensorFlow backend from the graph of its ``tf.function``.
 
     Nothing batch-sized is allocated: the function is traced for ``tf.TensorSpec`` s of the data.
+
+    Args:
+        with_range: also find the peak range over the executor's orders (``peak_low`` / ``peak_high`` in
+            ``meta``; it runs Grappler on the graph). A pinned measurement leaves it out: Grappler's pass in the
+            measuring process changes the BFC layout the pinned step then lands in.
 
     Raises:
         TraceError: the model rejects the inputs' shapes or dtypes.
@@ -273,7 +278,7 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace)
     sequential = (peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at, workspace),
                   peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, workspace))
-    low, high, threads = peak_range(graph, kept, resident, sequential)
+    low, high, threads = peak_range(graph, kept, resident, sequential) if with_range else (None, None, None)
     blocks = _held(blocks, held)
     base = len(blocks)
     for b, size in enumerate(chunks):
