@@ -146,6 +146,8 @@ class KerasFrontend:
             os.environ["KERAS_BACKEND"] = backend
             if tf_schedule:
                 os.environ["NNMEM_TF_MEASURE"] = tf_schedule
+            else:  # the fork server keeps the environment it started with: a caller's earlier choice is not ours
+                os.environ.pop("NNMEM_TF_MEASURE", None)
             os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # before TensorFlow is first imported
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             from nnmem.frontends.keras import frontend as here
