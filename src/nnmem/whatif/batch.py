@@ -273,14 +273,6 @@ class _Search:
                 return self.result(0, self.peaks[1], curve)
         return self.bisect()
 
-    def pair(self, lo: int, hi: int | None) -> tuple[int, int]:
-        """The two traced batches nearest the crossing: the bracket, else the two largest (all fit) or the two
-        smallest (none fits)."""
-        ordered = sorted(self.peaks)
-        if hi is None:
-            return ordered[-2], ordered[-1]
-        return (lo, hi) if lo else (ordered[0], ordered[1])
-
     def predict(self, a: int, b: int) -> tuple[int, BatchCurve | None]:
         """The largest batch within the budget on the line through traced batches ``a`` < ``b``: op by op
         when their ops line up (and the level is simulated), else on their peaks."""
