@@ -491,3 +491,20 @@ def test_devices_cite_sources() -> None:
         catalog["A100-80GB"]["context_bytes"]
     table = invoke("devices").stdout
     assert "A100-80GB" in table and "source" in table
+
+
+BATCH_IGNORED = """
+    import torch
+
+    def make(batch):  # the batch is ignored: the step is the same at every batch size
+        return torch.nn.Linear(8, 4), torch.zeros(3, 8)
+"""
+
+
+@pytest.mark.parametrize("command", ["fit", "explain"])
+def test_memory_that_does_not_grow_with_the_batch_is_one_line(tmp_path: Path, command: str) -> None:
+    """A factory that ignores its batch: no largest batch exists, so the search refuses rather than answer."""
+    spec = write(tmp_path, "fixed.py", BATCH_IGNORED) + ":make"
+    proc = run_module(command, spec, "--budget", "1GiB")
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr, "does not grow with the batch")

@@ -59,7 +59,8 @@ class BatchCurve:
         """
         growing = [(a, c) for a, c in zip(self.intercepts, self.slopes) if c > 0]
         if not growing:
-            raise UnsupportedError("the step's memory does not grow with the batch: no largest batch to search")
+            raise UnsupportedError("the step's memory does not grow with the batch, so no largest batch exists "
+                                   "(does the model's factory build its inputs from the batch it is given?)")
         if any(a > budget for a, c in zip(self.intercepts, self.slopes) if c <= 0):
             return 0
         batch = max(int(min((budget - a) // c for a, c in growing)), 0)
