@@ -26,6 +26,7 @@ from nnmem.report.model import LayerRow, Report, TimelinePoint
 from nnmem.trace import Category, Level, Phase
 from nnmem.units import format_bytes, parse_size
 from nnmem.whatif.batch import BatchCurve, FitResult, Fits
+from nnmem.whatif.compare import TechniqueRow, WhatIf, apply_checkpointing, checkpoint_plan, what_if
 from nnmem.whatif.explain import Explanation, ModeFigures
 
 __version__ = "0.1.0"
@@ -49,10 +50,14 @@ __all__ = [
     "NnmemError",
     "Phase",
     "Report",
+    "TechniqueRow",
     "TimelinePoint",
     "TraceError",
     "UnsupportedError",
+    "WhatIf",
+    "apply_checkpointing",
     "batch_curve",
+    "checkpoint_plan",
     "compare",
     "estimate",
     "explain",
@@ -63,4 +68,5 @@ __all__ = [
     "max_batch",
     "measure",
     "parse_size",
+    "what_if",
 ]

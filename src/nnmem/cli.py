@@ -30,6 +30,7 @@ from nnmem.report.text import (
     render_report,
     render_summary,
 )
+from nnmem.report.whatif_text import render_whatif
 
 _ALL_OPTIMIZERS = optimizers.names()
 _OPTIMIZER_HELP = ("Optimizer whose state a training step keeps. Default: sgd for PyTorch models, the compiled "
@@ -279,6 +280,38 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
         click.echo(json.dumps(exp.to_dict(), indent=2))
         return
     click.echo(render_explanation(exp, model=model, width=_width()), nl=False)
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--batch", type=PositiveIntType(), default=DEFAULT_BATCH, show_default=True,
+              help="Batch size; the factory is called as factory(batch).")
+@click.option("--input-shape", "input_shape", type=ShapeType(), multiple=True, metavar="D1,D2,...",
+              help="Input shape without the batch; repeat once per input.")
+@click.option("--mode", type=click.Choice(MODES, case_sensitive=False), default="train", show_default=True,
+              help="Training step or inference.")
+@click.option("--optimizer", type=click.Choice(_ALL_OPTIMIZERS, case_sensitive=False), default=None,
+              help=_OPTIMIZER_HELP)
+@click.option("--checkpoint", "plans", multiple=True, metavar="PLAN",
+              help="A gradient-checkpointing plan to compare: blocks, every:K, sqrt or NAME[,NAME...] (module "
+                   "names); repeat for more. Default: every plan that applies to the model.")
+@click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
+              help="Also find the largest training batch with each technique within this budget, e.g. 16GiB.")
+@click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
+def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
+           plans: tuple[str, ...], budget: int | None, as_json: bool) -> None:
+    """What each memory-saving technique buys on MODEL: the step traced with it applied, next to the baseline.
+
+    Each row is a trace of the transformed step (PyTorch models; gradient checkpointing so far), with the
+    bytes saved at the peak and the FLOPs the technique adds.
+    """
+    result = nnmem.what_if(model, batch=batch, input_shape=input_shape or None, mode=mode.lower(),
+                          optimizer=_opt(optimizer), techniques=[f"checkpoint:{p}" for p in plans] or None,
+                          budget=budget, progress=_progress())
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    click.echo(render_whatif(result, width=_width()), nl=False)
 
 
 @cli.command()

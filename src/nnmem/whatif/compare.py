@@ -1,0 +1,218 @@
+"""What each memory-saving technique buys on the user's own model: the baseline step and the step with each
+technique applied, both traced, side by side with the extra compute.
+
+Each row is a real trace of the transformed step (the technique applied to the model, then estimated like any
+step), never a rule of thumb. The extra compute is counted with ``torch.utils.flop_counter.FlopCounterMode``
+over a fake trace of the same step: the recomputed forwards of checkpointing show up as more FLOPs in the step.
+Techniques so far: gradient checkpointing (:mod:`nnmem.frontends.pytorch.checkpointing`), PyTorch models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nnmem.errors import ConfigError, UnsupportedError
+from nnmem.report.model import Report
+
+__all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointing", "checkpoint_plan"]
+
+TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]")
+DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt")
+
+
+@dataclass(frozen=True)
+class TechniqueRow:
+    """One step traced: the baseline (``technique`` "baseline") or the step with a technique applied.
+
+    Attributes:
+        technique: the technique as asked for, e.g. "checkpoint:blocks".
+        description: what it changed, in words.
+        report: the traced step's estimate.
+        flops: floating-point operations of the step (FlopCounterMode on the trace).
+        train_batch: with a budget, the largest training batch that fits with the technique.
+    """
+
+    technique: str
+    description: str
+    report: Report
+    flops: int
+    train_batch: int | None = None
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.report.peak_bytes
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The baseline step next to each technique's.
+
+    Attributes:
+        skipped: (technique, why) for the techniques that do not apply to this model.
+    """
+
+    model: str
+    mode: str
+    batch: int | None
+    level: str
+    baseline: TechniqueRow
+    rows: tuple[TechniqueRow, ...]
+    budget_bytes: int | None = None
+    infer_batch: int | None = None
+    skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def saved(self, row: TechniqueRow) -> int:
+        """Bytes ``row`` saves at the peak against the baseline (negative: it costs memory)."""
+        return self.baseline.peak_bytes - row.peak_bytes
+
+    def extra_compute(self, row: TechniqueRow) -> float:
+        """Added FLOPs as a fraction of the baseline step's."""
+        return (row.flops - self.baseline.flops) / self.baseline.flops if self.baseline.flops else 0.0
+
+    def moved(self, row: TechniqueRow) -> dict[str, int]:
+        """Categories whose bytes at the peak changed, largest change first (row minus baseline)."""
+        base, new = self.baseline.report.breakdown, row.report.breakdown
+        delta = {c: new.get(c, 0) - base.get(c, 0) for c in {*base, *new}}
+        return dict(sorted(((c, d) for c, d in delta.items() if d), key=lambda item: -abs(item[1])))
+
+    def to_dict(self) -> dict[str, Any]:
+        def row_dict(row: TechniqueRow) -> dict[str, Any]:
+            out = {"technique": row.technique, "description": row.description, "peak_bytes": row.peak_bytes,
+                   "peaks": dict(row.report.peaks), "breakdown": dict(row.report.breakdown), "flops": row.flops,
+                   "saved_bytes": self.saved(row), "extra_compute": self.extra_compute(row),
+                   "moved": self.moved(row), "notes": list(row.report.notes)}
+            if self.budget_bytes is not None:
+                out["largest_train_batch"] = row.train_batch
+            return out
+
+        return {"model": self.model, "mode": self.mode, "batch": self.batch, "level": self.level,
+                "budget_bytes": self.budget_bytes, "largest_infer_batch": self.infer_batch,
+                "baseline": row_dict(self.baseline), "techniques": [row_dict(r) for r in self.rows],
+                "skipped": [{"technique": t, "reason": r} for t, r in self.skipped]}
+
+
+def _traced(estimate: Callable[[], Report]) -> tuple[Report, int]:
+    """The step's estimate, and its FLOPs from a trace of their own (:func:`step_flops`)."""
+    from nnmem.frontends.pytorch.checkpointing import step_flops
+
+    return estimate(), step_flops(estimate)
+
+
+def _build(model: Any, inputs: Any, batch: int | None, target: Any, loss_fn: Any) -> tuple[Any, Any, Any, Any]:
+    """The torch model and its inputs: a MODEL spec's factory is called at ``batch`` under the meta device."""
+    from nnmem.frontends.base import framework_of
+
+    if framework_of(model) != "pytorch":
+        raise UnsupportedError("what-if techniques are applied to PyTorch models so far; Keras models are not yet "
+                               "supported")
+    if isinstance(model, str):
+        from nnmem.frontends.pytorch.frontend import build_torch
+        from nnmem.loader import resolve_factory
+
+        built, _ = build_torch(resolve_factory(model), batch or 1, model, meta=True)
+        model, inputs = built.model, built.inputs if inputs is None else inputs
+        target = built.target if target is None else target
+        loss_fn = built.loss_fn if loss_fn is None else loss_fn
+    return model, inputs, target, loss_fn
+
+
+def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
+           loss_fn: Callable[..., Any] | None = None, target: Any = None, batch: int | None = None,
+           input_shape: Any = None, techniques: Iterable[str] | None = None, budget: Any = None,
+           progress: Callable[[str], None] | None = None) -> WhatIf:
+    """The step's peak with each technique applied next to the baseline's, each from a trace.
+
+    Args:
+        model: a ``torch.nn.Module`` with ``inputs``, or a MODEL spec (built at ``batch`` on the meta device).
+        techniques: e.g. ``["checkpoint:blocks", "checkpoint:every:2"]`` (:data:`TECHNIQUES`); None: every
+            checkpoint plan that applies to the model.
+        budget: bytes or a size text: also find the largest training batch with each technique, and the
+            largest inference batch (no technique here changes inference).
+
+    Raises:
+        ConfigError: an unknown technique or a malformed plan; UnsupportedError: a Keras model, or a
+            technique asked for by name that does not apply.
+    """
+    from nnmem import _fit, estimate
+    from nnmem.frontends.pytorch.checkpointing import checkpoint_plan, checkpointed
+    from nnmem.units import parse_size
+
+    asked = tuple(techniques) if techniques is not None else None
+    for technique in asked or ():
+        if not technique.startswith("checkpoint:"):
+            raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
+    budget_bytes = parse_size(budget) if budget is not None else None
+    torch_model, inputs, target, loss_fn = _build(model, inputs, batch, target, loss_fn)
+    name = model if isinstance(model, str) else type(torch_model).__name__
+    kwargs: dict[str, Any] = {"mode": mode, "optimizer": optimizer, "loss_fn": loss_fn, "target": target,
+                              "input_shape": input_shape}
+    step = {**kwargs, "batch": None if inputs is not None else batch}
+
+    def row(technique: str, description: str) -> TechniqueRow:
+        if progress:
+            progress(f"tracing {technique}")
+        report, flops = _traced(lambda: estimate(torch_model, inputs, **step))
+        train_batch = None
+        if budget_bytes is not None:
+            train_batch = _fit.max_batch(torch_model, inputs, budget=budget_bytes, progress=progress,
+                                         **{**kwargs, "mode": "train"}).batch
+        return TechniqueRow(technique, description, report, flops, train_batch)
+
+    baseline = row("baseline", "the step as it is")
+    rows, skipped = [], []
+    for technique in asked or DEFAULT_TECHNIQUES:
+        label = technique.split(":", 1)[1]
+        try:
+            plan = checkpoint_plan(torch_model, label)
+        except UnsupportedError as err:
+            if asked is not None:
+                raise
+            skipped.append((technique, str(err)))
+            continue
+        if mode == "infer":
+            skipped.append((technique, "checkpointing changes training only: inference keeps no activations "
+                                       "for backward"))
+            continue
+        with checkpointed(torch_model, plan):
+            try:
+                rows.append(row(technique, f"recompute {plan.describe()}"))
+            except RuntimeError as err:  # e.g. an in-place op after a checkpointed module: autograd refuses
+                reason = f"PyTorch refuses this plan on this model: {str(err).splitlines()[0]}"
+                if asked is not None:
+                    raise UnsupportedError(f"{technique}: {reason}") from err
+                skipped.append((technique, reason))
+    infer_batch = None
+    if budget_bytes is not None:
+        infer_batch = _fit.max_batch(torch_model, inputs, budget=budget_bytes, progress=progress,
+                                     **{**kwargs, "mode": "infer", "optimizer": None}).batch
+    return WhatIf(name, mode, baseline.report.batch, baseline.report.level, baseline, tuple(rows), budget_bytes,
+                  infer_batch, tuple(skipped))
+
+
+def checkpoint_plan(model: Any, plan: str) -> Any:
+    """The checkpoint plan ``plan`` names on a PyTorch ``model``: "blocks", "every:K", "sqrt" or "NAME[,NAME...]"
+    (a :class:`~nnmem.frontends.pytorch.checkpointing.CheckpointPlan`; see that module).
+
+    Example:
+        >>> nnmem.checkpoint_plan(model, "every:2").modules  # doctest: +SKIP
+        ('blocks.0', 'blocks.2')
+    """
+    from nnmem.frontends.pytorch.checkpointing import checkpoint_plan as plan_of
+
+    return plan_of(model, plan)
+
+
+def apply_checkpointing(model: Any, plan: Any) -> Any:
+    """Apply a checkpoint plan (a plan or its text) to a PyTorch ``model`` for real, in place; returns the model.
+
+    The chosen modules' forwards run under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``; the
+    parameters and the ``state_dict`` keep their names.
+
+    Example:
+        >>> model = nnmem.apply_checkpointing(model, "blocks")  # doctest: +SKIP
+    """
+    from nnmem.frontends.pytorch.checkpointing import apply_checkpointing as apply
+
+    return apply(model, plan)

@@ -1,0 +1,167 @@
+"""What-if: each checkpoint plan's traced peak against the same plan applied for real and measured, the extra
+FLOPs against an independent count, plan resolution and its errors, and the command line."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import nnmem
+from nnmem.cli import cli
+from nnmem.frontends.pytorch.checkpointing import checkpointed
+
+WIDTH, BLOCKS, BATCH = 128, 4, 256
+
+BLOCKS_SOURCE = f"""
+    import torch
+    from torch import nn
+    import nnmem
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear({WIDTH}, 2 * {WIDTH}), nn.GELU(),
+                                                      nn.Linear(2 * {WIDTH}, {WIDTH}), nn.Tanh())
+                                        for _ in range({BLOCKS}))
+            self.head = nn.Linear({WIDTH}, 10)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    def chain():
+        torch.manual_seed(0)
+        return nn.Sequential(*[nn.Sequential(nn.Linear({WIDTH}, 2 * {WIDTH}), nn.GELU(),
+                                             nn.Linear(2 * {WIDTH}, {WIDTH}), nn.Tanh()) for _ in range(9)])
+
+    def make(batch):
+        torch.manual_seed(0)
+        return Net(), torch.randn(batch, {WIDTH})
+
+    def make_chain(batch):
+        return chain(), torch.randn(batch, {WIDTH})
+"""
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("whatif") / "blocks.py"
+    path.write_text(textwrap.dedent(BLOCKS_SOURCE))
+    return path
+
+
+def _applied(source: Path, factory: str, plan: str) -> str:
+    """A factory that builds the model and applies ``plan`` for real (it runs in the measuring child)."""
+    path = source.parent / f"{factory}_{plan.replace(':', '_').replace(',', '_').replace('.', '_')}.py"
+    path.write_text(textwrap.dedent(f"""
+        import sys
+        import nnmem
+        sys.path.insert(0, {str(source.parent)!r})
+        from blocks import {factory} as base
+
+        def make(batch):
+            model, x = base(batch)
+            return nnmem.apply_checkpointing(model, {plan!r}), x
+    """))
+    return f"{path}:make"
+
+
+@pytest.mark.parametrize("factory", ["make", "make_chain"])
+def test_each_plan_matches_the_plan_applied_and_measured(source: Path, factory: str) -> None:
+    result = nnmem.what_if(f"{source}:{factory}", batch=BATCH, optimizer="adam")
+    assert {r.technique for r in result.rows} >= {"checkpoint:blocks", "checkpoint:every:2"}
+    assert any(result.saved(r) > 0 for r in result.rows)
+    for row in result.rows:
+        plan = row.technique.split(":", 1)[1]
+        measured = nnmem.measure(_applied(source, factory, plan), batch=BATCH, optimizer="adam")
+        estimated = row.report.peaks["allocator"]
+        err = (estimated - measured.peaks["allocator"]) / measured.peaks["allocator"]
+        assert abs(err) < 0.01, (row.technique, estimated, measured.peaks["allocator"])
+
+
+def test_extra_flops_are_the_recomputed_forwards(source: Path) -> None:
+    """Checkpointing every block recomputes each block's forward once: the FLOPs of a forward of the blocks,
+    counted here on real tensors."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("blocks_for_flops", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    model, x = module.make(BATCH)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        for block in model.blocks:
+            x = block(x)
+    result = nnmem.what_if(model, (torch.randn(BATCH, WIDTH),), optimizer="sgd", techniques=["checkpoint:blocks"])
+    (row,) = result.rows
+    assert row.flops - result.baseline.flops == counter.get_total_flops()
+
+
+def test_plans_name_the_chain_and_refuse_what_does_not_apply(source: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("blocks_for_plans", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    model, _ = module.make(2)
+    assert nnmem.checkpoint_plan(model, "blocks").modules == tuple(f"blocks.{i}" for i in range(BLOCKS))
+    assert nnmem.checkpoint_plan(model, "every:3").modules == ("blocks.0", "blocks.3")
+    assert nnmem.checkpoint_plan(model, "blocks.1,head").modules == ("blocks.1", "head")
+    assert nnmem.checkpoint_plan(module.chain(), "sqrt").segments == (("", 3),)
+    with pytest.raises(nnmem.UnsupportedError, match="ModuleList"):
+        nnmem.checkpoint_plan(model, "sqrt")
+    with pytest.raises(nnmem.ConfigError, match="did you mean blocks.1"):
+        nnmem.checkpoint_plan(model, "block.1")
+    with pytest.raises(nnmem.ConfigError, match="every:K"):
+        nnmem.checkpoint_plan(model, "every:0")
+    with pytest.raises(nnmem.UnsupportedError, match="to checkpoint"):
+        nnmem.checkpoint_plan(nn.Linear(2, 2), "blocks")
+
+
+def test_a_plan_applied_keeps_names_pickles_and_is_undone(source: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    keys = list(model.state_dict())
+    with checkpointed(model, "blocks"):
+        assert "forward" in model[0].__dict__
+        assert list(model.state_dict()) == keys
+    assert "forward" not in model[0].__dict__
+    nnmem.apply_checkpointing(model, "sqrt")
+    copy = pickle.loads(pickle.dumps(model))
+    x = torch.randn(3, 4, requires_grad=True)
+    assert torch.allclose(copy(x), model(x))
+
+
+def test_inference_and_in_place_plans_are_said_not_applied() -> None:
+    result = nnmem.what_if("gpt", batch=2, mode="infer")
+    assert not result.rows and all("training only" in why or "ModuleList" in why for _, why in result.skipped)
+    vgg = nnmem.what_if("vgg", batch=2, optimizer="sgd")  # ReLU(inplace=True) after a checkpointed segment
+    assert any("PyTorch refuses" in why for _, why in vgg.skipped)
+
+
+def test_cli_prints_the_table_and_json() -> None:
+    result = CliRunner().invoke(cli, ["whatif", "gpt", "--batch", "4", "--checkpoint", "blocks"])
+    assert result.exit_code == 0, result.output
+    assert "checkpoint:blocks" in result.stdout and "FLOPs" in result.stdout and "saved" in result.stdout
+    result = CliRunner().invoke(cli, ["whatif", "gpt", "--batch", "4", "--checkpoint", "every:2", "--json"])
+    data = json.loads(result.stdout)
+    assert data["techniques"][0]["saved_bytes"] == data["baseline"]["peak_bytes"] - data["techniques"][0]["peak_bytes"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["whatif", "gpt", "--checkpoint", "blocks.9"], "no module named 'blocks.9'"),
+    (["whatif", "gpt", "--checkpoint", "sqrt"], "ModuleList"),
+    (["whatif", "gpt", "--checkpoint", "every:x"], "every:K"),
+    (["whatif", "keras_mlp"], "PyTorch models so far"),
+])
+def test_cli_bad_plans_are_one_line(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stdout == "" and needle in result.stderr and len(result.stderr.splitlines()) == 1
