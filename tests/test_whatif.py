@@ -49,6 +49,12 @@ BLOCKS_SOURCE = f"""
 
     def make_chain(batch):
         return chain(), torch.randn(batch, {WIDTH})
+
+    def make_acts(batch):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear({WIDTH}, 2 * {WIDTH}), nn.ReLU(), nn.Dropout(0.1),
+                             nn.Linear(2 * {WIDTH}, {WIDTH}), nn.LeakyReLU(), nn.Linear({WIDTH}, 10)), \
+            torch.randn(batch, {WIDTH})
 """
 
 
@@ -59,9 +65,9 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _applied(source: Path, factory: str, plan: str) -> str:
-    """A factory that builds the model and applies ``plan`` for real (it runs in the measuring child)."""
-    path = source.parent / f"{factory}_{plan.replace(':', '_').replace(',', '_').replace('.', '_')}.py"
+def _applied(source: Path, factory: str, technique: str) -> str:
+    """A factory that builds the model and applies ``technique`` for real (it runs in the measuring child)."""
+    path = source.parent / f"{factory}_{technique.replace(':', '_').replace(',', '_').replace('.', '_')}.py"
     path.write_text(textwrap.dedent(f"""
         import sys
         import nnmem
@@ -70,7 +76,7 @@ def _applied(source: Path, factory: str, plan: str) -> str:
 
         def make(batch):
             model, x = base(batch)
-            return nnmem.apply_checkpointing(model, {plan!r}), x
+            return nnmem.apply_technique(model, {technique!r}), x
     """))
     return f"{path}:make"
 
@@ -81,11 +87,41 @@ def test_each_plan_matches_the_plan_applied_and_measured(source: Path, factory: 
     assert {r.technique for r in result.rows} >= {"checkpoint:blocks", "checkpoint:every:2"}
     assert any(result.saved(r) > 0 for r in result.rows)
     for row in result.rows:
-        plan = row.technique.split(":", 1)[1]
-        measured = nnmem.measure(_applied(source, factory, plan), batch=BATCH, optimizer="adam")
+        measured = nnmem.measure(_applied(source, factory, row.technique), batch=BATCH, optimizer="adam")
         estimated = row.report.peaks["allocator"]
         err = (estimated - measured.peaks["allocator"]) / measured.peaks["allocator"]
         assert abs(err) < 0.01, (row.technique, estimated, measured.peaks["allocator"])
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_in_place_activations_match_the_model_switched_and_measured(source: Path, mode: str) -> None:
+    optimizer = "sgd" if mode == "train" else None
+    result = nnmem.what_if(f"{source}:make_acts", batch=BATCH, mode=mode, optimizer=optimizer,
+                           techniques=["inplace"])
+    (row,) = result.rows
+    measured = nnmem.measure(_applied(source, "make_acts", "inplace"), batch=BATCH, mode=mode, optimizer=optimizer)
+    assert abs(row.report.peaks["allocator"] - measured.peaks["allocator"]) <= 0.01 * measured.peaks["allocator"]
+    if mode == "infer":  # the ReLU's and LeakyReLU's outputs are not allocated
+        assert result.saved(row) > 0
+
+
+def test_in_place_only_where_it_is_safe() -> None:
+    """After a Linear (saves its input) yes; after a ReLU or a sigmoid (backward needs their output) no."""
+    from nnmem.frontends.pytorch.inplace import inplace_candidates
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(), nn.Linear(8, 8), nn.Sigmoid(), nn.ReLU(),
+                          nn.Sequential(nn.Conv1d(8, 8, 1), nn.ELU()))
+    assert inplace_candidates(model) == ["1", "6.1"]
+    with pytest.raises(nnmem.UnsupportedError, match="known to be safe"):
+        inplace_candidates(nn.Sequential(nn.Linear(4, 8), nn.Sigmoid(), nn.ReLU()))
+    flat = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ELU(), nn.Linear(8, 2))
+    inputs = torch.randn(5, 4)
+    expected = flat(inputs)
+    nnmem.apply_technique(flat, "inplace")
+    assert flat[1].inplace and flat[3].inplace
+    out = flat(inputs)
+    out.sum().backward()  # autograd accepts it
+    assert torch.allclose(out, expected)
 
 
 def test_extra_flops_are_the_recomputed_forwards(source: Path) -> None:
@@ -141,7 +177,8 @@ def test_a_plan_applied_keeps_names_pickles_and_is_undone(source: Path) -> None:
 
 def test_inference_and_in_place_plans_are_said_not_applied() -> None:
     result = nnmem.what_if("gpt", batch=2, mode="infer")
-    assert not result.rows and all("training only" in why or "ModuleList" in why for _, why in result.skipped)
+    assert [r.technique for r in result.rows] == ["inplace"]  # the MLP blocks' Dropout after a Linear
+    assert all("training only" in why or "ModuleList" in why for _, why in result.skipped)
     vgg = nnmem.what_if("vgg", batch=2, optimizer="sgd")  # ReLU(inplace=True) after a checkpointed segment
     assert any("PyTorch refuses" in why for _, why in vgg.skipped)
 

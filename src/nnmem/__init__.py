@@ -26,7 +26,14 @@ from nnmem.report.model import LayerRow, Report, TimelinePoint
 from nnmem.trace import Category, Level, Phase
 from nnmem.units import format_bytes, parse_size
 from nnmem.whatif.batch import BatchCurve, FitResult, Fits
-from nnmem.whatif.compare import TechniqueRow, WhatIf, apply_checkpointing, checkpoint_plan, what_if
+from nnmem.whatif.compare import (
+    TechniqueRow,
+    WhatIf,
+    apply_checkpointing,
+    apply_technique,
+    checkpoint_plan,
+    what_if,
+)
 from nnmem.whatif.explain import Explanation, ModeFigures
 
 __version__ = "0.1.0"
@@ -56,6 +63,7 @@ __all__ = [
     "UnsupportedError",
     "WhatIf",
     "apply_checkpointing",
+    "apply_technique",
     "batch_curve",
     "checkpoint_plan",
     "compare",

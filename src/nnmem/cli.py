@@ -295,18 +295,22 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
 @click.option("--checkpoint", "plans", multiple=True, metavar="PLAN",
               help="A gradient-checkpointing plan to compare: blocks, every:K, sqrt or NAME[,NAME...] (module "
                    "names); repeat for more. Default: every plan that applies to the model.")
+@click.option("--technique", "extra", multiple=True, type=click.Choice(("inplace",)),
+              help="Another technique to compare: inplace (activation and dropout modules in place).")
 @click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
-              help="Also find the largest training batch with each technique within this budget, e.g. 16GiB.")
+              help="Also find the largest training and inference batch with each technique, e.g. 16GiB.")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
 def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-           plans: tuple[str, ...], budget: int | None, as_json: bool) -> None:
+           plans: tuple[str, ...], extra: tuple[str, ...], budget: int | None, as_json: bool) -> None:
     """What each memory-saving technique buys on MODEL: the step traced with it applied, next to the baseline.
 
-    Each row is a trace of the transformed step (PyTorch models; gradient checkpointing so far), with the
-    bytes saved at the peak and the FLOPs the technique adds.
+    Each row is a trace of the transformed step (PyTorch models; gradient checkpointing and in-place
+    activations so far), with the bytes saved at the peak and the FLOPs the technique adds. Without
+    --checkpoint or --technique, every technique that applies is compared.
     """
+    asked = [f"checkpoint:{p}" for p in plans] + list(extra)
     result = nnmem.what_if(model, batch=batch, input_shape=input_shape or None, mode=mode.lower(),
-                          optimizer=_opt(optimizer), techniques=[f"checkpoint:{p}" for p in plans] or None,
+                          optimizer=_opt(optimizer), techniques=asked or None,
                           budget=budget, progress=_progress())
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

@@ -17,17 +17,17 @@ def _signed(n: int) -> str:
     return f"{'+' if n > 0 else '−' if n < 0 else ''}{format_bytes(abs(n))}"
 
 
-def _moved(w: WhatIf, row: TechniqueRow, limit: int = 3) -> str:
+def _moved(w: WhatIf, row: TechniqueRow, limit: int = 4) -> str:
     moved = list(w.moved(row).items())
-    text = ", ".join(f"{c} {_signed(d)}" for c, d in moved[:limit])
     if not moved:
-        return " (nothing moved at the peak)"
-    return ": " + text + (f" (+{len(moved) - limit} more)" if len(moved) > limit else "")
+        return "nothing moved at the peak"
+    text = ", ".join(f"{c} {_signed(d)}" for c, d in moved[:limit])
+    return "at the peak: " + text + (f" (+{len(moved) - limit} more)" if len(moved) > limit else "")
 
 
 def render_whatif(w: WhatIf, *, width: int = 120) -> str:
     """The comparison table: peak, saved (bytes and %), extra compute, the categories that moved, and with a
-    budget the largest training batch each technique allows."""
+    budget the largest training and inference batch each technique allows."""
     base = w.baseline
     batch = f", batch {w.batch}" if w.batch else ""
     opt = f", {base.report.optimizer}" if base.report.optimizer else ""
@@ -38,22 +38,21 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
     table.add_column("saved", justify="right", no_wrap=True)
     table.add_column("extra compute", justify="right", no_wrap=True)
     if w.budget_bytes is not None:
-        table.add_column("largest train batch", justify="right", no_wrap=True)
-    table.add_column("what moved at the peak")
+        table.add_column("largest batch train / infer", justify="right", no_wrap=True)
     for row in (base, *w.rows):
         saved = w.saved(row)
-        share = 100 * saved / base.peak_bytes if base.peak_bytes else 0.0
+        share = f"{100 * saved / base.peak_bytes:+.1f} %".replace("-", "−") if base.peak_bytes else "—"
         cells = [row.technique, format_bytes(row.peak_bytes),
-                 "—" if row is base else f"{_signed(saved)} ({share:+.1f} %)",
-                 "—" if row is base else f"{100 * w.extra_compute(row):+.1f} % FLOPs"]
+                 "—" if row is base else f"{_signed(saved)} ({share})",
+                 "—" if row is base else f"{100 * w.extra_compute(row):+.1f} % FLOPs".replace("-", "−")]
         if w.budget_bytes is not None:
-            cells.append(f"{row.train_batch:,}" if row.train_batch is not None else "—")
-        cells.append(row.description if row is base else f"{row.description}{_moved(w, row)}")
+            cells.append(" / ".join(f"{b:,}" if b is not None else "—" for b in (row.train_batch, row.infer_batch)))
         table.add_row(*cells)
     lines: list[RenderableType] = [header, table]
-    if w.budget_bytes is not None and w.infer_batch is not None:
-        lines.append(f"within {format_bytes(w.budget_bytes)}: inference fits batch {w.infer_batch:,} with or without "
-                     f"these techniques (checkpointing changes training only)")
+    lines += [f"{row.technique}: {row.description}; {_moved(w, row)}" for row in w.rows]
+    if w.budget_bytes is not None:
+        lines.append(f"largest batches within {format_bytes(w.budget_bytes)}; checkpointing changes training only, "
+                     f"so its inference batch is the baseline's")
     by_reason: dict[str, list[str]] = {}
     for technique, reason in w.skipped:
         by_reason.setdefault(reason, []).append(technique)
@@ -62,5 +61,6 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
     notes = sorted({n for row in (base, *w.rows) for n in row.report.notes})
     lines += [f"note: {n}" for n in notes]
     lines.append("saved: bytes less at the peak than the baseline (negative: the technique costs memory). Extra "
-                 "compute: FLOPs added to the step (recomputed forwards). " + IEC_NOTE)
+                 "compute: FLOPs added to the step (recomputed forwards) as torch's FlopCounterMode counts them: "
+                 "matmuls, convolutions and attention; pointwise ops and norms are not counted. " + IEC_NOTE)
     return _render(*lines, width=width)

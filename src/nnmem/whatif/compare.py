@@ -4,22 +4,25 @@ technique applied, both traced, side by side with the extra compute.
 Each row is a real trace of the transformed step (the technique applied to the model, then estimated like any
 step), never a rule of thumb. The extra compute is counted with ``torch.utils.flop_counter.FlopCounterMode``
 over a fake trace of the same step: the recomputed forwards of checkpointing show up as more FLOPs in the step.
-Techniques so far: gradient checkpointing (:mod:`nnmem.frontends.pytorch.checkpointing`), PyTorch models.
+Techniques so far, on PyTorch models: gradient checkpointing (:mod:`nnmem.frontends.pytorch.checkpointing`) and
+in-place activations (:mod:`nnmem.frontends.pytorch.inplace`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 from nnmem.errors import ConfigError, UnsupportedError
 from nnmem.report.model import Report
 
-__all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointing", "checkpoint_plan"]
+__all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointing", "apply_technique",
+           "checkpoint_plan"]
 
-TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]")
-DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt")
+TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]", "inplace")
+DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "inplace")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class TechniqueRow:
         report: the traced step's estimate.
         flops: floating-point operations of the step (FlopCounterMode on the trace).
         train_batch: with a budget, the largest training batch that fits with the technique.
+        infer_batch: with a budget, the largest inference batch (the baseline's where the technique changes
+            training only).
     """
 
     technique: str
@@ -39,6 +44,7 @@ class TechniqueRow:
     report: Report
     flops: int
     train_batch: int | None = None
+    infer_batch: int | None = None
 
     @property
     def peak_bytes(self) -> int:
@@ -60,7 +66,6 @@ class WhatIf:
     baseline: TechniqueRow
     rows: tuple[TechniqueRow, ...]
     budget_bytes: int | None = None
-    infer_batch: int | None = None
     skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     def saved(self, row: TechniqueRow) -> int:
@@ -85,10 +90,11 @@ class WhatIf:
                    "moved": self.moved(row), "notes": list(row.report.notes)}
             if self.budget_bytes is not None:
                 out["largest_train_batch"] = row.train_batch
+                out["largest_infer_batch"] = row.infer_batch
             return out
 
         return {"model": self.model, "mode": self.mode, "batch": self.batch, "level": self.level,
-                "budget_bytes": self.budget_bytes, "largest_infer_batch": self.infer_batch,
+                "budget_bytes": self.budget_bytes,
                 "baseline": row_dict(self.baseline), "techniques": [row_dict(r) for r in self.rows],
                 "skipped": [{"technique": t, "reason": r} for t, r in self.skipped]}
 
@@ -118,77 +124,91 @@ def _build(model: Any, inputs: Any, batch: int | None, target: Any, loss_fn: Any
     return model, inputs, target, loss_fn
 
 
+def _applied(model: Any, technique: str, mode: str) -> tuple[str, AbstractContextManager[Any]]:
+    """(what ``technique`` changes, in words; a context in which the model has it applied).
+
+    Raises:
+        ConfigError: an unknown technique or a malformed plan. UnsupportedError: it does not apply to the model
+            or the mode.
+    """
+    kind, _, argument = technique.partition(":")
+    if kind == "checkpoint":
+        from nnmem.frontends.pytorch.checkpointing import checkpoint_plan, checkpointed
+
+        plan = checkpoint_plan(model, argument)
+        if mode == "infer":
+            raise UnsupportedError("checkpointing changes training only: inference keeps no activations for "
+                                   "backward")
+        return f"recompute {plan.describe()}", checkpointed(model, plan)
+    if kind == "inplace" and not argument:
+        from nnmem.frontends.pytorch.inplace import in_place, inplace_candidates
+
+        names = inplace_candidates(model)
+        return f"{len(names)} activation/dropout modules in place", in_place(model, names)
+    raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
+
+
 def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
-           loss_fn: Callable[..., Any] | None = None, target: Any = None, batch: int | None = None,
-           input_shape: Any = None, techniques: Iterable[str] | None = None, budget: Any = None,
-           progress: Callable[[str], None] | None = None) -> WhatIf:
+            loss_fn: Callable[..., Any] | None = None, target: Any = None, batch: int | None = None,
+            input_shape: Any = None, techniques: Iterable[str] | None = None, budget: Any = None,
+            progress: Callable[[str], None] | None = None) -> WhatIf:
     """The step's peak with each technique applied next to the baseline's, each from a trace.
 
     Args:
         model: a ``torch.nn.Module`` with ``inputs``, or a MODEL spec (built at ``batch`` on the meta device).
-        techniques: e.g. ``["checkpoint:blocks", "checkpoint:every:2"]`` (:data:`TECHNIQUES`); None: every
-            checkpoint plan that applies to the model.
-        budget: bytes or a size text: also find the largest training batch with each technique, and the
-            largest inference batch (no technique here changes inference).
+        techniques: e.g. ``["checkpoint:blocks", "checkpoint:every:2", "inplace"]`` (:data:`TECHNIQUES`);
+            None: every one that applies to the model.
+        budget: bytes or a size text: also find the largest training and inference batch with each technique.
 
     Raises:
         ConfigError: an unknown technique or a malformed plan; UnsupportedError: a Keras model, or a
             technique asked for by name that does not apply.
     """
     from nnmem import _fit, estimate
-    from nnmem.frontends.pytorch.checkpointing import checkpoint_plan, checkpointed
     from nnmem.units import parse_size
 
     asked = tuple(techniques) if techniques is not None else None
-    for technique in asked or ():
-        if not technique.startswith("checkpoint:"):
-            raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
     budget_bytes = parse_size(budget) if budget is not None else None
     torch_model, inputs, target, loss_fn = _build(model, inputs, batch, target, loss_fn)
     name = model if isinstance(model, str) else type(torch_model).__name__
-    kwargs: dict[str, Any] = {"mode": mode, "optimizer": optimizer, "loss_fn": loss_fn, "target": target,
+    kwargs: dict[str, Any] = {"optimizer": optimizer, "loss_fn": loss_fn, "target": target,
                               "input_shape": input_shape}
-    step = {**kwargs, "batch": None if inputs is not None else batch}
+    step = {**kwargs, "mode": mode, "batch": None if inputs is not None else batch}
 
-    def row(technique: str, description: str) -> TechniqueRow:
+    def largest(for_mode: str) -> int:
+        return _fit.max_batch(torch_model, inputs, budget=budget_bytes, progress=progress, mode=for_mode,
+                              **{**kwargs, "optimizer": optimizer if for_mode == "train" else None}).batch
+
+    def row(technique: str, description: str, changes_inference: bool = True) -> TechniqueRow:
         if progress:
             progress(f"tracing {technique}")
         report, flops = _traced(lambda: estimate(torch_model, inputs, **step))
-        train_batch = None
+        train_batch = infer_batch = None
         if budget_bytes is not None:
-            train_batch = _fit.max_batch(torch_model, inputs, budget=budget_bytes, progress=progress,
-                                         **{**kwargs, "mode": "train"}).batch
-        return TechniqueRow(technique, description, report, flops, train_batch)
+            train_batch = largest("train")
+            infer_batch = largest("infer") if changes_inference else baseline.infer_batch
+        return TechniqueRow(technique, description, report, flops, train_batch, infer_batch)
 
     baseline = row("baseline", "the step as it is")
     rows, skipped = [], []
     for technique in asked or DEFAULT_TECHNIQUES:
-        label = technique.split(":", 1)[1]
         try:
-            plan = checkpoint_plan(torch_model, label)
+            description, context = _applied(torch_model, technique, mode)
         except UnsupportedError as err:
             if asked is not None:
                 raise
             skipped.append((technique, str(err)))
             continue
-        if mode == "infer":
-            skipped.append((technique, "checkpointing changes training only: inference keeps no activations "
-                                       "for backward"))
-            continue
-        with checkpointed(torch_model, plan):
+        with context:
             try:
-                rows.append(row(technique, f"recompute {plan.describe()}"))
-            except RuntimeError as err:  # e.g. an in-place op after a checkpointed module: autograd refuses
-                reason = f"PyTorch refuses this plan on this model: {str(err).splitlines()[0]}"
+                rows.append(row(technique, description, changes_inference=not technique.startswith("checkpoint")))
+            except RuntimeError as err:  # e.g. an in-place op on a tensor backward needs: autograd refuses
+                reason = f"PyTorch refuses it on this model: {str(err).splitlines()[0]}"
                 if asked is not None:
                     raise UnsupportedError(f"{technique}: {reason}") from err
                 skipped.append((technique, reason))
-    infer_batch = None
-    if budget_bytes is not None:
-        infer_batch = _fit.max_batch(torch_model, inputs, budget=budget_bytes, progress=progress,
-                                     **{**kwargs, "mode": "infer", "optimizer": None}).batch
     return WhatIf(name, mode, baseline.report.batch, baseline.report.level, baseline, tuple(rows), budget_bytes,
-                  infer_batch, tuple(skipped))
+                  tuple(skipped))
 
 
 def checkpoint_plan(model: Any, plan: str) -> Any:
@@ -216,3 +236,20 @@ def apply_checkpointing(model: Any, plan: Any) -> Any:
     from nnmem.frontends.pytorch.checkpointing import apply_checkpointing as apply
 
     return apply(model, plan)
+
+
+def apply_technique(model: Any, technique: str) -> Any:
+    """Apply a what-if technique (:data:`TECHNIQUES`: "checkpoint:PLAN" or "inplace") to a PyTorch ``model`` for
+    real, in place; returns the model. What ``what_if`` predicts for it is what this model then uses.
+
+    Example:
+        >>> model = nnmem.apply_technique(model, "inplace")  # doctest: +SKIP
+    """
+    kind, _, argument = technique.partition(":")
+    if kind == "checkpoint":
+        return apply_checkpointing(model, argument)
+    if kind == "inplace" and not argument:
+        from nnmem.frontends.pytorch.inplace import apply_inplace
+
+        return apply_inplace(model)
+    raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
