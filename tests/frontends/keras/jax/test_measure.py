@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -88,3 +89,45 @@ def test_estimate_matches_real_step(zoo_step: Callable[..., Any], name: str, mod
     error = (estimate.peak_bytes - measured.peak_bytes) / measured.peak_bytes
     low, high, _ = _NOISY.get((name, mode), (-0.10, 0.10, ""))
     assert low <= error <= high, (estimate.peak_bytes, measured.peak_bytes, measured.meta["measure.rises"])
+
+
+@functools.cache
+def _two_branch_runs() -> tuple[tuple[int, int] | None, tuple[int, ...]]:
+    """keras_two_branch_cnn inference in 3 fresh processes: the estimate's range and every measured step's peak
+    (the live arrays before the step plus that step's malloc rise), in bytes."""
+    from nnmem.frontends.keras.common import prepare
+    from nnmem.zoo.keras_models import FACTORIES
+
+    def zoo_step(name: str, mode: str) -> Any:
+        model, x, y, loss = FACTORIES[name](8)
+        return prepare(model, x, y, mode=mode, loss=loss)
+
+    ranges, peaks = set(), []
+    for _ in range(3):
+        estimate, measured = _estimate_and_measure(zoo_step, "keras_two_branch_cnn", "infer")
+        ranges.add(estimate.peak_range)
+        live = int(measured.meta["measure.live_array_bytes"])
+        peaks += [live + int(rise) for rise in str(measured.meta["measure.rises"]).split(",")]
+    assert len(ranges) == 1, ranges  # the estimate does not depend on the process
+    return ranges.pop(), tuple(peaks)
+
+
+@pytest.mark.accuracy
+def test_overlapping_branches_peak_near_the_estimated_range() -> None:
+    """The branches' Eigen convolutions overlap on XLA's threads in some steps and not in others: every step of
+    every process lands within 5 % of the estimated range (its ends: one at a time, both at once)."""
+    span, peaks = _two_branch_runs()
+    assert span is not None
+    low, high = span
+    assert all(0.95 * low <= peak <= 1.05 * high for peak in peaks), (span, peaks)
+
+
+@pytest.mark.accuracy
+@pytest.mark.xfail(strict=True, reason="Eigen packs the im2col in whole bm-row blocks (TensorContractionThreadPool.h, "
+                                       "EvalParallelContext::packed_mem_: nm0*bm*bk + nn0*bk*bn): 8x32x32x3 k3 packs "
+                                       "9,408 rows for 8,192 (+133,128 B), k5 +139,272 B; bm comes from Eigen's "
+                                       "cache-size blocking heuristic, not modelled, so both ends are 2-4 % low")
+def test_overlapping_branches_peak_inside_the_estimated_range() -> None:
+    span, peaks = _two_branch_runs()
+    assert span is not None
+    assert all(span[0] <= peak <= span[1] for peak in peaks), (span, peaks)

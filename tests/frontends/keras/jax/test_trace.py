@@ -61,3 +61,20 @@ def test_shape_mismatch_is_a_trace_error() -> None:
         step = prepare(model, x, np.zeros(8, "int32"), mode="infer")
         trace_step(step, meta={})
     assert "\n" not in str(info.value)
+
+
+def test_overlapping_convolutions_give_a_range_up_to_the_estimate(zoo_step: Callable[..., Any]) -> None:
+    """keras_two_branch_cnn's branches are independent Eigen convolutions: together or one after the other."""
+    report = report_from_trace(trace_step(zoo_step("keras_two_branch_cnn", "infer"), meta={"batch": 8}),
+                               source="estimate", model="keras_two_branch_cnn", device="cpu")
+    assert report.peak_range is not None
+    low, high = report.peak_range
+    assert high == report.peak_bytes
+    assert high - low == report.meta["xla.conv_workspace_bytes"] - report.meta["xla.conv_workspace_low_bytes"]
+    assert high - low == 8 * 32 * 32 * 3 * 3 * 3 * 4 + 74_184  # the 3x3 branch's im2col and packing, once
+
+
+def test_a_step_without_overlap_has_no_range(zoo_step: Callable[..., Any]) -> None:
+    report = report_from_trace(trace_step(zoo_step("keras_mlp", "train"), meta={}), source="estimate", model="m",
+                               device="cpu")
+    assert report.peak_range is None

@@ -27,7 +27,7 @@ from nnmem.frontends.keras.jax.hlo import (
     through_reinterpret,
 )
 
-__all__ = ["fusion_workspace", "runtime_bookkeeping"]
+__all__ = ["Workspace", "fusion_workspace", "runtime_bookkeeping"]
 
 _EIGEN_PACKING = 74_184
 """Bytes of Eigen's contraction packing buffer, beside a convolution's im2col buffer and in XLA's own dots
@@ -69,6 +69,7 @@ class _Fusion:
     threads: int
     named: dict[str, Instruction]
     produced: frozenset[str]  # names an op of the fusion computes (not a parameter or a constant)
+    sliced: bool  # the fusion's loop runs over one batch element at a time (see _ynn_convolution)
 
 
 def _padded_input(c: Conv) -> int:
@@ -81,11 +82,19 @@ def _padded_input(c: Conv) -> int:
 
 def _ynn_convolution(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
     """YNNPACK convolution: its spatially padded input when it pads, its whole input when an op of the fusion
-    produces it, both held; its packed filter, briefly (calibrated: 8x32x32x32 k3 SAME, a separable pair)."""
+    produces it, both held; its packed filter, briefly (calibrated: 8x32x32x32 k3 SAME, a separable pair).
+
+    YNNPACK runs a fusion as a slinky pipeline that may split its loop along the batch and hand the slices to
+    its workers; then each worker holds a slice of these buffers, down to one batch element (measured:
+    keras_partly_frozen's forward fusion held 1- and 2-image slices in some processes, whole buffers in others;
+    keras_separable_cnn's depthwise chain held them whole). ``fusion.sliced`` is that low end.
+    """
     c = conv(ins, fusion.types)
     if c is None:
         return 0, 0
     held = _padded_input(c) if c.pads is not None or ins.operands[0] in fusion.produced else 0
+    if fusion.sliced:
+        held //= max(c.dim("b"), 1)
     weights = nbytes(fusion.types.get(ins.operands[1], "")) if len(ins.operands) > 1 else None
     return held, weights if weights is not None else 0
 
@@ -145,11 +154,11 @@ def _eigen_dot(ins: Instruction, module: Module, threads: int) -> int:
     return _EIGEN_PACKING
 
 
-def _ynn_fusion(ins: Instruction, module: Module, threads: int) -> int:
+def _ynn_fusion(ins: Instruction, module: Module, threads: int, *, sliced: bool = False) -> int:
     """A YNNPACK fusion: what its convolutions, dots and reductions hold to its end, plus the largest brief block."""
     body = module.computations.get(ins.called or "", [])
     fusion = _Fusion(body, module.types, threads, {i.name: i for i in body},
-                     frozenset(i.name for i in body if i.opcode not in ("parameter", "constant")))
+                     frozenset(i.name for i in body if i.opcode not in ("parameter", "constant")), sliced)
     held = brief = 0
     for op in body:
         rule = _YNN_RULES.get(op.opcode)
@@ -165,27 +174,41 @@ _ENTRY_RULES: dict[str, Callable[[Instruction, Module, int], int]] = {
 }
 
 
-def _scratch(ins: Instruction, module: Module, threads: int) -> int:
+def _scratch(ins: Instruction, module: Module, threads: int, *, sliced: bool = False) -> int:
     """Scratch of one top-level instruction, in bytes: its kind's rule, a YNNPACK fusion's, or none."""
     rule = _ENTRY_RULES.get(ins.opcode)
     if rule is None and ins.called is not None and _YNN_FUSION in ins.rest:
-        rule = _ynn_fusion
+        return _ynn_fusion(ins, module, threads, sliced=sliced)
     return rule(ins, module, threads) if rule is not None else 0
 
 
-def fusion_workspace(module: Module) -> tuple[int, int]:
-    """Kernel scratch above XLA's buffers at the step's peak, and the largest single scratch, in bytes.
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """Kernel scratch above XLA's buffers at the step's peak, in bytes, at both ends of what threads make of it.
 
-    XLA:CPU allocates its temporaries as one block live for the whole execution, so the scratch adds to all
-    of it. XLA's thunk executor runs independent instructions at once: neighbouring Eigen convolutions that
-    do not read each other's results (the two branches of keras_two_branch_cnn) hold their scratch together.
+    XLA's thunk executor (``xla/backends/cpu/runtime/thunk_executor.cc``, ``ThunkExecutor::Execute``) runs the
+    head of its ready queue inline and hands the tail to the task runner: independent instructions run at once
+    when a worker thread is free, one after the other when not. YNNPACK's parallel loops hand tiles to as many
+    workers as join them, each with its own tile scratch, and may slice a fusion along the batch. Which happens
+    differs from step to step and from process to process.
     """
-    threads = _threads()
+
+    high: int
+    """Independent Eigen convolutions overlapping, every worker thread holding its tiles."""
+    low: int
+    """One instruction at a time, one worker's tiles, YNNPACK fusions sliced to one batch element."""
+    largest: int
+    """The largest scratch of one instruction with every worker's tiles."""
+
+
+def _peak(module: Module, threads: int, *, overlap: bool) -> tuple[int, int]:
+    """(peak scratch, largest single scratch) over the entry computation, in bytes; without ``overlap``, YNNPACK
+    fusions sliced to one batch element."""
     peak = largest = 0
     group: list[tuple[str, int]] = []  # neighbouring independent Eigen convolutions
     for ins in module.entry_body:
-        scratch = _scratch(ins, module, threads)
-        if ins.opcode == "convolution":
+        scratch = _scratch(ins, module, threads, sliced=not overlap)
+        if overlap and ins.opcode == "convolution":
             if any(name in ins.operands for name, _ in group):
                 group = []
             group.append((ins.name, scratch))
@@ -196,6 +219,18 @@ def fusion_workspace(module: Module) -> tuple[int, int]:
             peak = max(peak, scratch)
         largest = max(largest, scratch)
     return peak, largest
+
+
+def fusion_workspace(module: Module) -> Workspace:
+    """Kernel scratch above XLA's buffers at the step's peak, in bytes (see :class:`Workspace`).
+
+    XLA:CPU allocates its temporaries as one block live for the whole execution, so the scratch adds to all
+    of it. Neighbouring Eigen convolutions that do not read each other's results (the two branches of
+    keras_two_branch_cnn) hold their scratch together when they overlap.
+    """
+    high, largest = _peak(module, _threads(), overlap=True)
+    low, _ = _peak(module, 1, overlap=False)
+    return Workspace(high, low, largest)
 
 
 def runtime_bookkeeping(module: Module, outputs: int) -> int:

@@ -109,7 +109,9 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     Returns:
         A trace of framework "keras-jax": the variables and the data resident, then one op that allocates
         the step's outputs and XLA temporaries and frees the temporaries; its workspace is the kernel scratch
-        XLA's buffer assignment does not see and the runtime's bookkeeping (:mod:`.scratch`), in bytes.
+        XLA's buffer assignment does not see and the runtime's bookkeeping (:mod:`.scratch`), in bytes. Where
+        the scratch depends on how XLA's and YNNPACK's threads overlap, ``meta`` carries ``peak_low`` and
+        ``peak_high``: the step's peak with one instruction and one worker at a time, and with all overlapping.
 
     Raises:
         TraceError: the model rejects the inputs' shapes.
@@ -127,15 +129,18 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     blocks += [Block(n, temp, Category.TEMPORARIES, "", phase, 0, 0),
                Block(n + 1, new_outputs, Category.ACTIVATIONS, "", phase, 0, -1)]
     module = hlo.parse(compiled.as_text())
-    workspace, scratch = fusion_workspace(module)
+    scratch = fusion_workspace(module)
     bookkeeping = runtime_bookkeeping(module, compiled.out_tree.num_leaves)
-    ops = (Op(0, "xla.execute", phase, "", temp + new_outputs, temp, workspace + bookkeeping),)
+    ops = (Op(0, "xla.execute", phase, "", temp + new_outputs, temp, scratch.high + bookkeeping),)
+    high = sum(b.nbytes for b in blocks) + scratch.high + bookkeeping
+    spread = {"peak_low": high - (scratch.high - scratch.low), "peak_high": high} if scratch.low < scratch.high \
+        else {}
     meta = {**backend_meta(step, meta),
             "xla.argument_bytes": int(stats.argument_size_in_bytes),
             "xla.output_bytes": int(stats.output_size_in_bytes),
             "xla.alias_bytes": int(stats.alias_size_in_bytes), "xla.temp_bytes": temp,
             "xla.code_bytes": int(stats.generated_code_size_in_bytes),
             "inputs_bytes": sum(array_nbytes(a) for a in data),
-            "xla.max_conv_scratch_bytes": scratch, "xla.conv_workspace_bytes": workspace,
-            "xla.runtime_bookkeeping_bytes": bookkeeping}
+            "xla.max_conv_scratch_bytes": scratch.largest, "xla.conv_workspace_bytes": scratch.high,
+            "xla.conv_workspace_low_bytes": scratch.low, "xla.runtime_bookkeeping_bytes": bookkeeping, **spread}
     return Trace("keras-jax", step.mode, tuple(blocks), ops, layer_infos(step.model), meta)
