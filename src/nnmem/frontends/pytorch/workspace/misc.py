@@ -1,5 +1,5 @@
-"""The workspace rules of the other ops with kernel scratch: embedding backward, citing the ATen source it
-follows."""
+"""The workspace rules of the other ops with kernel scratch: embedding backward, a linear layer on an input whose
+leading dimensions do not fold, eval-mode dropout; each cites the ATen source it follows."""
 
 from __future__ import annotations
 
@@ -16,8 +16,26 @@ def rule_embedding_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out: 
     return 0 if grad.is_contiguous() else nbytes(grad)
 
 
+def _folds(x: Any) -> bool:
+    """Whether ``x.view(-1, x.size(-1))`` is a view: every leading stride is the next one times its size
+    (aten/src/ATen/native/LinearAlgebra.cpp ``should_fold``; size-1 dimensions do not matter)."""
+    dims = [(int(n), int(s)) for n, s in zip(x.shape[:-1], x.stride()[:-1]) if int(n) != 1]
+    return all(stride == stride_next * size_next for (_, stride), (size_next, stride_next) in zip(dims, dims[1:]))
+
+
+def rule_linear(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
+    """``aten.linear`` reaches the tracker whole only under ``inference_mode`` (autograd decomposes it
+    otherwise). On an input of 3 or more dimensions whose leading dimensions do not fold into one
+    (``x.transpose(1, 2)``), ``linear`` → ``matmul`` reshapes it into a contiguous copy before the product
+    (aten/src/ATen/native/Linear.cpp ``linear``, LinearAlgebra.cpp ``_matmul_impl``); measured: the copy is the
+    input's bytes for 3-D and 4-D inputs, with and without bias."""
+    x = args[0]
+    return 0 if x.dim() < 3 or _folds(x) else nbytes(x)
+
+
 WORKSPACE = {
     aten.embedding_dense_backward.default: rule_embedding_backward,
+    aten.linear.default: rule_linear,
 }
 
 
