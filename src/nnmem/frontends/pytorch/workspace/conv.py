@@ -3,7 +3,7 @@
 Forward: ``aten.convolution`` and, under inference mode, ``aten.conv1d/2d/3d``, ``aten.conv_transpose1d/2d/3d``;
 backward: ``aten.convolution_backward``. The kernel choice is :mod:`.conv_select`'s; the sizes are
 :mod:`.conv_onednn`'s (float32 nchw through oneDNN), :mod:`.conv_nhwc`'s (channels-last through oneDNN) and
-:mod:`.conv_im2col`'s (ATen's im2col kernel).
+:mod:`.conv_im2col`'s (ATen's im2col kernel); oneDNN's backward-weights scratchpad :mod:`.conv_bwd_weights`'s.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import aten, nbytes
+from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
 from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward
 from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward, conv_transpose_forward
@@ -106,7 +107,7 @@ def _call_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     """``aten.convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
     transposed, output_padding, groups, output_mask)``."""
     call = conv_call(args[1], args[2], args[4], args[5], args[6], bool(args[7]), args[8], int(args[9]))
-    return None if call is None else dataclasses.replace(call, backward=True)
+    return None if call is None else dataclasses.replace(call, backward=True, grad_input=bool(args[10][0]))
 
 
 def rule_convolution(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,
@@ -161,8 +162,11 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     if onednn_gemm(call, info)[1]:  # the weights' gradient on gemm (conv_note says so): grad_input only
         mask = (mask[0], False, False)
     strided_nhwc = call.groups == 1 and any(s > 1 for s in call.stride)
+    scratchpad = 0
+    if mask[1]:  # the weights' reduction over threads (conv_note when not sized)
+        scratchpad = bwd_weights_scratch(call, bool(mask[2]), info.onednn_block, torch.get_num_threads()) or 0
     return conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
-                         strided_nhwc)
+                         strided_nhwc, scratchpad)
 
 
 CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | None]] = {

@@ -93,18 +93,18 @@ def conv_transpose_forward(x: torch.Tensor, weight: torch.Tensor, out: torch.Ten
 
 def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_defined: bool,
                   groups: int, mask: Sequence[bool], outs: Sequence[Any], b: int,
-                  strided_nhwc: bool = False) -> int:
+                  strided_nhwc: bool = False, scratchpad: int = 0) -> int:
     """Scratch of ``mkldnn_convolution_backward`` (aten/src/ATen/native/mkldnn/Conv.cpp), float32.
 
     backward_data: grad_output reordered to nChw16c (nChw8c below AVX-512), weights reordered, a blocked
     grad_input then copied dense; ``strided_nhwc`` (a strided ungrouped convolution, which oneDNN runs on
     ``brgconv_strided`` in nhwc): grad_output reordered to nhwc, weights to ``Bcda16b/32b``,
     an nhwc grad_input, then copied dense through one more temporary of its size. backward_weights:
-    grad_output reordered again, the source reordered (nchw kept for ic <= 3, 8-channel blocks for
-    4 <= ic <= 8, both only above 1x1 kernels), blocked grad_weight/grad_bias then copied dense.
-    A non-contiguous grad_output is first made contiguous. oneDNN's bwd-weights reduction scratchpad
-    (per-thread partial sums, a few tens of KB) and the bwd-data scratchpad of strided convolutions are not
-    modelled.
+    grad_output reordered again, the source reordered (nchw kept for ic <= 3, for ic == 3 below AVX-512;
+    8-channel blocks for 4 <= ic < 16 on AVX-512, where ``jit:avx2`` runs; both only above 1x1 kernels),
+    blocked grad_weight, oneDNN's ``scratchpad`` (per-thread partial sums, :mod:`.conv_bwd_weights`),
+    grad_bias, then both copied dense. A non-contiguous grad_output is first made contiguous. The bwd-data
+    scratchpad of strided convolutions (``brgconv_strided``) is not modelled: conv_note says so.
     """
     n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, grad_out)
     b = _block(c, o, groups, b)
@@ -121,8 +121,8 @@ def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         gx = nbytes(x)
         seq += [gy, wei, gx_blocked, -wei, -gy, gx, -gx_blocked]
     if mask[1] or mask[2]:
-        first = groups == 1 and c <= 3 and k > 1
-        bc = 8 if groups == 1 and 4 <= c <= 8 and k > 1 else b
+        first = groups == 1 and (c <= 3 if b == 16 else c == 3) and k > 1  # jit:avx2 keeps nchw for 3 only
+        bc = 8 if groups == 1 and 4 <= c < 16 and k > 1 else b
         gy = n * round_up(o, bc) * s_out * e
         src = 0 if first else n * round_up(c, bc) * s_in * e
         if groups == 1:
@@ -130,6 +130,6 @@ def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         else:
             gw_blocked = _conv_weight_blocked(c, o, k, groups, e, b, False)
         gb = o * e if bias_defined else 0
-        seq += [gy, src, gw_blocked, gb, -src, -gy, gb, nbytes(weight), -gw_blocked, -gb]
+        seq += [gy, src, gw_blocked, scratchpad, gb, -scratchpad, -src, -gy, gb, nbytes(weight), -gw_blocked, -gb]
     fresh = sum(nbytes(t) for t in outs if isinstance(t, torch.Tensor))
     return max(alloc_peak(seq) - fresh, 0)

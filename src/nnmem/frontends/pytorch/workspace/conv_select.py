@@ -8,7 +8,6 @@ effective ISA (:mod:`nnmem.cpu`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, dtype_name, round_up
+from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +23,8 @@ class ConvCall:
     """One convolution as ATen's ``_convolution`` sees it: a 1-D one as 2-D with height 1 (``view1d_as_2d``).
 
     Only shapes, dtypes and layouts: a rule never runs a tensor op. ``layout`` of a tensor is
-    "contiguous", "channels_last" or "strided". ``backward`` marks a ``convolution_backward`` call.
+    "contiguous", "channels_last" or "strided". ``backward`` marks a ``convolution_backward`` call,
+    ``grad_input`` one that computes the input's gradient.
     """
 
     x_shape: tuple[int, ...]
@@ -40,6 +41,7 @@ class ConvCall:
     groups: int
     one_d: bool
     backward: bool = False
+    grad_input: bool = False
 
     @property
     def x_bytes(self) -> int:
@@ -134,24 +136,6 @@ def _use_nnpack(call: ConvCall) -> bool:
     return bool(torch.backends.nnpack.is_available() and torch._C._get_nnpack_enabled()
                 and call.dtype == torch.float32 and kh < 17 and kw < 17 and call.padding[0] < kh
                 and call.padding[1] < kw and call.x_shape[0] >= 16)
-
-
-def dw_jit_bwd_weights(x_shape: Sequence[int], w_shape: Sequence[int], stride: Sequence[int],
-                       padding: Sequence[int], dilation: Sequence[int]) -> bool:
-    """Whether oneDNN's depthwise backward-weights kernel takes a 2-D depthwise convolution:
-    ``jit_uni_dw_conv_bwd_weights_kernel::init_conf`` (jit_uni_dw_conv_kernel_utils.cpp) wants no dilation,
-    ``kw <= 3``, ``stride_w <= kw``, each padding at most half the kernel, the input at least the kernel
-    high, padding above 1 a multiple of the stride. Otherwise a general kernel runs (``jit`` with the groups'
-    channels padded to 16 on nhwc, ``gemm`` on nchw)."""
-    if len(x_shape) != 4 or any(d != 1 for d in dilation):
-        return False
-    (ih, iw), (kh, kw) = x_shape[2:], w_shape[2:]
-    (sh, sw), (ph, pw) = stride, padding
-    oh, ow = (ih + 2 * ph - kh) // sh + 1, (iw + 2 * pw - kw) // sw + 1
-    b_pad = max(0, (oh - 1) * sh + kh - (ih + ph))
-    r_pad = max(0, (ow - 1) * sw + kw - (iw + pw))
-    return (kw <= 3 and sw <= kw and max(ph, b_pad) <= kh // 2 and max(pw, r_pad) <= kw // 2
-            and ih >= kh + (-ph % sh) and (ph <= 1 or ph % sh == 0) and (b_pad <= 1 or b_pad % sh == 0))
 
 
 def grouped_block(c_per_g: int, o_per_g: int, b: int) -> int | None:
@@ -256,10 +240,21 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     if (backend == "mkldnn" and not call.backward and call.groups == 1 and math.prod(call.w_shape[2:]) == 1
             and (max(call.stride) > 2 or len(call.x_shape) == 5 and max(call.stride) > 1)):
         return f"strided 1x1 convolution (stride {max(call.stride)}) through oneDNN: {NOT_MODELLED}"
-    if backend == "mkldnn" and call.backward and call.one_d and torch.get_num_threads() > 1:
-        # oneDNN's backward-weights kernel splits a 1-D (height 1) problem over threads with per-thread
-        # reduction and transposed-source buffers in its scratchpad; measured exact on one thread only
-        return f"1-D convolution backward through oneDNN on {torch.get_num_threads()} threads: {NOT_MODELLED}"
+    if (backend == "mkldnn" and call.backward and call.dtype == torch.float32 and call.groups == 1
+            and call.x_layout == "contiguous" and len(call.x_shape) == 4 and not onednn_nhwc(call)
+            and bwd_weights_kernel(call, info.onednn_block) is None):
+        return f"convolution weights' gradient through oneDNN (ISA {info.isa}, this shape): {NOT_MODELLED}"
+    if (backend == "mkldnn" and call.backward and call.grad_input and call.groups == 1
+            and any(s > 1 for s in call.stride)):
+        # oneDNN's brgconv_strided computes it with per-thread brgemm batches and buffers in its scratchpad
+        # (61-98 KB measured on small shapes; init_conf in cpu/x64/jit_brgemm_conv_bwd_utils.cpp), not sized here
+        return f"strided convolution's input gradient on oneDNN's brgconv_strided (ISA {info.isa}): {NOT_MODELLED}"
+    if (backend == "mkldnn" and call.backward and call.groups > 1 and not depthwise
+            and torch.get_num_threads() >= 2 * call.groups):
+        # the grouped jit kernels give each group a thread first; with threads to spare they split the batch
+        # and reduce through a scratchpad (balance() in jit_avx512_common_conv_kernel.cpp), not sized here
+        return (f"grouped convolution backward through oneDNN on {torch.get_num_threads()} threads "
+                f"(ISA {info.isa}): {NOT_MODELLED}")
     if backend.startswith("mkldnn") and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend):
         return f"3-D convolution through oneDNN: {NOT_MODELLED}"
     if backend not in ("mkldnn", "mkldnn_transpose", "slow2d"):
