@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,11 @@ _YNN_BLOCK = 128 * 1024
 """Bytes of a YNNPACK packing / tiling block, one per worker thread (calibrated: 131,144 B mallocs)."""
 _DOT_PACK_ROWS = 64
 """Rows from which a YNNPACK dot packs its right operand (calibrated: 8 rows pack nothing, 64 and 512 do)."""
+_UNIT_LEAD_COPIES = 5
+"""Copies of its operand a YNNPACK reduction over the last dimension holds when the fusion computes that operand
+and its outermost dimension is 1 (calibrated: single jitted ``sum(a * b, axis=-1)``, f32[1,8,4,64,64],
+[1,32,64,64], [1,8,4,64,32], [1,512,64]: 5.03-5.07 times the operand; [8,4,64,64], [32,64,64], [2,8,4,64,64]:
+tiles only)."""
 _YNN_FUSION = "__ynn_fusion"
 """The ``fusion_config`` kind of a fusion XLA:CPU hands to YNNPACK (``kYnnFusionKind``,
 ``xla/backends/cpu/ynn_support.h``)."""
@@ -124,9 +130,19 @@ def _ynn_dot(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
 
 def _ynn_reduce(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
     """YNNPACK reduction over more than :data:`_YNN_BLOCK`: tiles of that size, one per worker thread, briefly
-    (calibrated: the softmax of 8x4x64x64)."""
-    reduced = nbytes(fusion.types.get(ins.operands[0], ""))
-    return 0, fusion.threads * _YNN_BLOCK if reduced is not None and reduced > _YNN_BLOCK else 0
+    (calibrated: the softmax of 8x4x64x64). Over the last dimension of an array the fusion computes whose
+    outermost dimension is 1 (the softmax backward of keras_transformer_block, f32[1,8,4,64,64]): that array
+    in full and four times its size more, held (:data:`_UNIT_LEAD_COPIES`)."""
+    operand = shape(fusion.types.get(ins.operands[0], ""))
+    if operand is None:
+        return 0, 0
+    dims, item = operand
+    reduced = math.prod(dims) * item
+    over = re.search(r"dimensions=\{([\d,]*)\}", ins.rest)
+    if ins.operands[0] in fusion.produced and len(dims) >= 3 and dims[0] == 1 and over is not None \
+            and over.group(1) == str(len(dims) - 1):
+        return _UNIT_LEAD_COPIES * reduced, 0
+    return 0, fusion.threads * _YNN_BLOCK if reduced > _YNN_BLOCK else 0
 
 
 _YNN_RULES: dict[str, Callable[[Instruction, _Fusion], tuple[int, int]]] = {
