@@ -50,9 +50,18 @@ def _display_name(model: Any) -> str:
     return str(named or type(model).__name__)
 
 
+def _accumulate(accumulate: Any, mode: str) -> int:
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ConfigError(f"expected accumulate as a positive integer (micro-batches per optimizer step). "
+                          f"Received: accumulate={accumulate!r}")
+    if accumulate > 1 and mode != "train":
+        raise ConfigError("accumulate applies to training: inference has no gradients to accumulate")
+    return accumulate
+
+
 def step_request(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
                  loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
-                 batch: int | None = None, input_shape: Any = None) -> StepRequest:
+                 batch: int | None = None, input_shape: Any = None, accumulate: int = 1) -> StepRequest:
     """The checked request for one step (the arguments of :func:`estimate`).
 
     Raises:
@@ -60,12 +69,13 @@ def step_request(model: Any, inputs: Any = None, *, mode: str = "train", optimiz
     """
     _check(mode, optimizer, batch, device)
     return StepRequest(model=model, inputs=inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                       device=device, batch=batch, input_shape=_shapes(input_shape), name=_display_name(model))
+                       device=device, batch=batch, input_shape=_shapes(input_shape), name=_display_name(model),
+                       accumulate=_accumulate(accumulate, mode))
 
 
 def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
              loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
-             batch: int | None = None, input_shape: Any = None) -> Report:
+             batch: int | None = None, input_shape: Any = None, accumulate: int = 1) -> Report:
     """Estimate the peak memory of one training or inference step, without allocating it.
 
     Args:
@@ -85,6 +95,8 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
             ``peak_bytes`` is the reserved level from nnmem's caching-allocator model (not yet GPU-validated).
         batch: batch size for a MODEL spec (and for display).
         input_shape: shape(s) without the batch, for a spec whose factory returns only a model.
+        accumulate: gradient accumulation (PyTorch): one optimizer step over this many micro-batches, each
+            ``inputs`` (or ``batch``); the gradients of the first live through the others.
 
     Returns:
         A Report whose ``peak_bytes`` is the level that decides an OOM on ``device``.
@@ -94,14 +106,14 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
         >>> report.peak_bytes  # doctest: +SKIP
     """
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                           device=device, batch=batch, input_shape=input_shape)
+                           device=device, batch=batch, input_shape=input_shape, accumulate=accumulate)
     return resolve(model).estimate(request)
 
 
 def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
             loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
             batch: int | None = None, input_shape: Any = None, timeout_s: float | None = None,
-            runs: int = 1) -> Report:
+            runs: int = 1, accumulate: int = 1) -> Report:
     """Run the step for real in a child process and report what it used, at every level.
 
     Takes the same arguments as :func:`estimate`. The child's death (OOM kill, crash) raises
@@ -116,7 +128,7 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     from nnmem.report.runs import MAX_RUNS, median_run
 
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                           device=device, batch=batch, input_shape=input_shape)
+                           device=device, batch=batch, input_shape=input_shape, accumulate=accumulate)
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
         raise ConfigError(f"expected runs as an integer from 1 to {MAX_RUNS} (fresh processes to measure in). "
                           f"Received: runs={runs!r}")

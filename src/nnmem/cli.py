@@ -104,6 +104,8 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--device", default="cpu", show_default=True, help="Target device."),
         click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
                      help="Memory budget, e.g. 16GiB or 16 GB: say whether the peak fits."),
+        click.option("--accumulate", type=PositiveIntType(), default=1, show_default=True, metavar="K",
+                     help="Gradient accumulation (PyTorch): one optimizer step over K micro-batches of --batch."),
         click.option("--json", "as_json", is_flag=True, help="Print only JSON."),
     ]
     for option in reversed(options):
@@ -112,9 +114,9 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _step_kwargs(batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-                 device: str) -> dict[str, Any]:
+                 device: str, accumulate: int = 1) -> dict[str, Any]:
     return {"batch": batch, "input_shape": input_shape or None, "mode": mode.lower(),
-            "optimizer": _opt(optimizer), "device": device}
+            "optimizer": _opt(optimizer), "device": device, "accumulate": accumulate}
 
 
 def _opt(optimizer: str | None) -> str | None:
@@ -149,14 +151,14 @@ def cli() -> None:
 @cli.command()
 @_step_options
 def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-             device: str, budget: int | None, as_json: bool) -> None:
+             device: str, budget: int | None, accumulate: int, as_json: bool) -> None:
     """Estimate the peak memory of one step of MODEL, without running it.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
     The factory is called as factory(batch) (default batch 32) and returns a model or
     (model, inputs[, target[, loss_fn]]).
     """
-    report = nnmem.estimate(model, **_step_kwargs(batch, input_shape, mode, optimizer, device))
+    report = nnmem.estimate(model, **_step_kwargs(batch, input_shape, mode, optimizer, device, accumulate))
     if as_json:
         click.echo(report.to_json(budget_bytes=budget))
         return
@@ -172,14 +174,15 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
 @click.option("--runs", type=click.IntRange(1, 50), default=1, show_default=True,
               help="Fresh processes to measure in; reports the median run and every run's peak.")
 def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-            device: str, budget: int | None, as_json: bool, timeout_s: float | None, runs: int) -> None:
+            device: str, budget: int | None, accumulate: int, as_json: bool, timeout_s: float | None,
+            runs: int) -> None:
     """Estimate MODEL's step, run it for real in a child process, and compare the two.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
     Default batch 32. --budget is checked against the measured peak. --runs N measures in N fresh processes
     (TensorFlow's peak differs between processes) and compares with the median run.
     """
-    kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device)
+    kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device, accumulate)
     estimated = nnmem.estimate(model, **kwargs)
     measured = nnmem.measure(model, **kwargs, timeout_s=timeout_s, runs=runs)
     comparison = nnmem.compare(estimated, measured)
@@ -295,8 +298,9 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
 @click.option("--checkpoint", "plans", multiple=True, metavar="PLAN",
               help="A gradient-checkpointing plan to compare: blocks, every:K, sqrt or NAME[,NAME...] (module "
                    "names); repeat for more. Default: every plan that applies to the model.")
-@click.option("--technique", "extra", multiple=True, type=click.Choice(("inplace",)),
-              help="Another technique to compare: inplace (activation and dropout modules in place).")
+@click.option("--technique", "extra", multiple=True, metavar="TECHNIQUE",
+              help="Another technique to compare: inplace (activation and dropout modules in place) or "
+                   "accumulate:K (the batch in K micro-batches); repeat for more.")
 @click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
               help="Also find the largest training and inference batch with each technique, e.g. 16GiB.")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
@@ -304,9 +308,9 @@ def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mod
            plans: tuple[str, ...], extra: tuple[str, ...], budget: int | None, as_json: bool) -> None:
     """What each memory-saving technique buys on MODEL: the step traced with it applied, next to the baseline.
 
-    Each row is a trace of the transformed step (PyTorch models; gradient checkpointing and in-place
-    activations so far), with the bytes saved at the peak and the FLOPs the technique adds. Without
-    --checkpoint or --technique, every technique that applies is compared.
+    Each row is a trace of the transformed step (PyTorch models; gradient checkpointing, in-place
+    activations and gradient accumulation so far), with the bytes saved at the peak and the FLOPs the
+    technique adds. Without --checkpoint or --technique, every technique that applies is compared.
     """
     asked = [f"checkpoint:{p}" for p in plans] + list(extra)
     result = nnmem.what_if(model, batch=batch, input_shape=input_shape or None, mode=mode.lower(),

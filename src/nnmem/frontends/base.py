@@ -36,6 +36,8 @@ class StepRequest:
         batch: the batch a spec's factory is called with (and the report shows).
         input_shape: shapes without the batch, one per input.
         name: what the report calls the model.
+        accumulate: training with gradient accumulation over this many micro-batches (``inputs`` and
+            ``batch`` are one micro-batch); 1: none.
     """
 
     model: Any
@@ -48,6 +50,7 @@ class StepRequest:
     batch: int | None = None
     input_shape: tuple[tuple[int, ...], ...] | None = None
     name: str = ""
+    accumulate: int = 1
 
     def with_(self, **changes: Any) -> StepRequest:
         """A copy with ``changes`` (requests are immutable)."""

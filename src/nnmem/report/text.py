@@ -63,6 +63,8 @@ def _peak_line(report: Report) -> str:
 def _header(report: Report) -> str:
     optimizer = report.optimizer or ("none (inference)" if report.mode == "infer" else "—")
     batch = str(report.batch) if report.batch is not None else "—"
+    if int(report.meta.get("accumulate", 1)) > 1:
+        batch += f" per micro-batch, {report.meta['accumulate']} accumulated per optimizer step"
     lines = [
         f"nnmem {report.source} — model {report.model} ({report.framework})",
         f"  mode: {report.mode} · optimizer: {optimizer} · device: {report.device} · batch: {batch}",

@@ -4,8 +4,9 @@ technique applied, both traced, side by side with the extra compute.
 Each row is a real trace of the transformed step (the technique applied to the model, then estimated like any
 step), never a rule of thumb. The extra compute is counted with ``torch.utils.flop_counter.FlopCounterMode``
 over a fake trace of the same step: the recomputed forwards of checkpointing show up as more FLOPs in the step.
-Techniques so far, on PyTorch models: gradient checkpointing (:mod:`nnmem.frontends.pytorch.checkpointing`) and
-in-place activations (:mod:`nnmem.frontends.pytorch.inplace`).
+Techniques so far, on PyTorch models: gradient checkpointing (:mod:`nnmem.frontends.pytorch.checkpointing`),
+in-place activations (:mod:`nnmem.frontends.pytorch.inplace`) and gradient accumulation (``estimate(...,
+accumulate=K)`` on a micro-batch).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from nnmem.report.model import Report
 __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointing", "apply_technique",
            "checkpoint_plan"]
 
-TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]", "inplace")
-DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "inplace")
+TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]", "inplace",
+              "accumulate:K")
+DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "inplace", "accumulate:2",
+                      "accumulate:4")
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,39 @@ def _applied(model: Any, technique: str, mode: str) -> tuple[str, AbstractContex
     raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
 
 
+def _micro_batches(technique: str, mode: str, batch: int | None) -> int:
+    """K of "accumulate:K", checked against the mode and the step's batch.
+
+    Raises:
+        ConfigError: K is not an integer of 2 or more. UnsupportedError: inference, an unknown batch, or a
+            batch K does not divide.
+    """
+    try:
+        k = int(technique.split(":", 1)[1])
+    except ValueError:
+        k = 0
+    if k < 2:
+        raise ConfigError(f"expected accumulate:K with K an integer of 2 or more, e.g. accumulate:4. "
+                          f"Received: {technique!r}")
+    if mode != "train":
+        raise UnsupportedError("gradient accumulation changes training only: inference has no gradients")
+    if not batch or batch % k:
+        raise UnsupportedError(f"accumulate:{k} splits the batch into {k} equal micro-batches; batch {batch} "
+                               f"does not divide by {k}")
+    return k
+
+
+def _first(value: Any, n: int) -> Any:
+    """``value`` with every tensor cut to its first ``n`` rows (a micro-batch of the step's inputs)."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_first(v, n) for v in value)
+    if isinstance(value, dict):
+        return {k: _first(v, n) for k, v in value.items()}
+    if hasattr(value, "shape") and len(value.shape) > 0 and hasattr(value, "narrow"):
+        return value.narrow(0, 0, n)
+    return value
+
+
 def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
             loss_fn: Callable[..., Any] | None = None, target: Any = None, batch: int | None = None,
             input_shape: Any = None, techniques: Iterable[str] | None = None, budget: Any = None,
@@ -156,8 +192,9 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
 
     Args:
         model: a ``torch.nn.Module`` with ``inputs``, or a MODEL spec (built at ``batch`` on the meta device).
-        techniques: e.g. ``["checkpoint:blocks", "checkpoint:every:2", "inplace"]`` (:data:`TECHNIQUES`);
-            None: every one that applies to the model.
+        techniques: e.g. ``["checkpoint:blocks", "checkpoint:every:2", "inplace", "accumulate:4"]``
+            (:data:`TECHNIQUES`); None: every one that applies to the model. ``accumulate:K`` is the same
+            batch in K micro-batches (one optimizer step, gradients summed): the same FLOPs, K smaller steps.
         budget: bytes or a size text: also find the largest training and inference batch with each technique.
 
     Raises:
@@ -189,9 +226,27 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             infer_batch = largest("infer") if changes_inference else baseline.infer_batch
         return TechniqueRow(technique, description, report, flops, train_batch, infer_batch)
 
+    def accumulated(technique: str) -> TechniqueRow:
+        k = _micro_batches(technique, mode, baseline.report.batch)
+        micro = baseline.report.batch // k  # type: ignore[operator]
+        if progress:
+            progress(f"tracing {technique}")
+        report = estimate(torch_model, _first(inputs, micro), **{**step, "target": _first(target, micro)},
+                          accumulate=k)
+        return TechniqueRow(technique, f"{k} micro-batches of {micro}, gradients summed between them",
+                            report, baseline.flops)
+
     baseline = row("baseline", "the step as it is")
     rows, skipped = [], []
     for technique in asked or DEFAULT_TECHNIQUES:
+        if technique.startswith("accumulate:"):
+            try:
+                rows.append(accumulated(technique))
+            except UnsupportedError as err:
+                if asked is not None:
+                    raise
+                skipped.append((technique, str(err)))
+            continue
         try:
             description, context = _applied(torch_model, technique, mode)
         except UnsupportedError as err:
@@ -252,4 +307,7 @@ def apply_technique(model: Any, technique: str) -> Any:
         from nnmem.frontends.pytorch.inplace import apply_inplace
 
         return apply_inplace(model)
+    if kind == "accumulate":
+        raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
+                          f"accumulate=K on one micro-batch")
     raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")

@@ -125,7 +125,9 @@ class PyTorchFrontend:
         rules = WorkspaceRules()
         trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
                                 optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
-                                rules=rules, meta=meta)
+                                rules=rules, meta=meta, micro_steps=min(request.accumulate, 2))
+        if request.accumulate > 1:
+            trace.meta["accumulate"] = request.accumulate
         if rules.notes:  # kernel paths this CPU takes that no rule models: a CPU report says so
             trace.meta["unmodelled"] = "\n".join(rules.notes)
         return request, trace, notes
@@ -191,7 +193,7 @@ class PyTorchFrontend:
                 inputs = fake_copy(inputs)
             return measure_step(real.model, inputs, mode=real.mode, optimizer=real.optimizer, loss_fn=real.loss_fn,
                                 target=real.target, name=real.name, device=real.device,
-                                meta=_meta(real)).to_dict()
+                                meta=_meta(real), micro_steps=min(real.accumulate, 2)).to_dict()
 
         return Report.from_dict(run_in_child(work, timeout_s=timeout_s))
 

@@ -29,18 +29,20 @@ WARMUP = {"train": 2, "infer": 1}
 
 def measure_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
                  loss_fn: Callable[..., Any] | None, target: Any, name: str, device: str,
-                 meta: dict[str, object]) -> Report:
-    """Run the step for real and report both levels (call it inside a child process)."""
+                 meta: dict[str, object], micro_steps: int = 1) -> Report:
+    """Run the step for real and report both levels (call it inside a child process; ``micro_steps``: see
+    :func:`.step.run_step`)."""
     opt = prepare_step(model, mode, optimizer)
+    step = {"mode": mode, "opt": opt, "loss_fn": loss_fn, "target": target, "micro_steps": micro_steps}
     for _ in range(WARMUP[mode]):
-        run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target)
-    trace = trace_prepared(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, meta=meta)
+        run_step(model, inputs, **step)
+    trace = trace_prepared(model, inputs, meta=meta, **step)
     resident = _live_storage_bytes(model, inputs, target, opt)
     with quiet_stderr():  # the priming step makes c10 warn of blocks allocated before profiling
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
-            run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target)
+            run_step(model, inputs, **step)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target)
+            run_step(model, inputs, **step)
     allocator_peak = resident + allocator_rise(prof)
     notes: tuple[str, ...] = ()
     if resident != trace.resident_bytes:

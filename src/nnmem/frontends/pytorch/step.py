@@ -97,8 +97,15 @@ def _call(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Any:
 
 
 def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt: torch.optim.Optimizer | None,
-             loss_fn: Callable[..., Any] | None, target: Any, tracker: StepTracker | None = None) -> None:
-    """Run one train or infer step exactly as the contract in DESIGN.md says."""
+             loss_fn: Callable[..., Any] | None, target: Any, tracker: StepTracker | None = None,
+             micro_steps: int = 1) -> None:
+    """Run one train or infer step exactly as the contract in DESIGN.md says.
+
+    Args:
+        micro_steps: training with gradient accumulation: forward and backward this many times on ``inputs``
+            (one micro-batch; the loss divided by ``micro_steps``), the gradients summed, then one optimizer
+            step. The peak of a third and later micro-step is the second's, so 2 stands for any count above 1.
+    """
     begin = tracker.begin if tracker is not None else (lambda phase: None)
     if mode == "infer":
         begin(Phase.FORWARD)
@@ -109,16 +116,20 @@ def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt:
     assert opt is not None
     begin(Phase.FORWARD)
     opt.zero_grad(set_to_none=True)
-    out = _call(model, inputs)
-    try:
-        loss = (loss_fn or default_loss)(out, target)
-    except (RuntimeError, ValueError, TypeError, IndexError) as err:
-        raise TraceError(f"the loss function failed on the model's output: {err}") from err
-    begin(Phase.BACKWARD)
-    loss.backward()
+    for _ in range(micro_steps):
+        begin(Phase.FORWARD)
+        out = _call(model, inputs)
+        try:
+            loss = (loss_fn or default_loss)(out, target)
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            raise TraceError(f"the loss function failed on the model's output: {err}") from err
+        if micro_steps > 1:
+            loss = loss / micro_steps
+        begin(Phase.BACKWARD)
+        loss.backward()
+        del loss, out
     begin(Phase.OPTIMIZER)
     opt.step()
-    del loss, out
 
 
 @contextmanager
@@ -169,14 +180,17 @@ def prepare_step(model: torch.nn.Module, mode: str, optimizer: Any) -> torch.opt
 
 def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str,
                    opt: torch.optim.Optimizer | None, loss_fn: Callable[..., Any] | None, target: Any,
-                   rules: OpRules | None = None, meta: dict[str, object] | None = None) -> Trace:
-    """Trace one step of a model whose optimizer is already in steady state."""
+                   rules: OpRules | None = None, meta: dict[str, object] | None = None,
+                   micro_steps: int = 1) -> Trace:
+    """Trace one step of a model whose optimizer is already in steady state (``micro_steps``: see
+    :func:`run_step`)."""
     tracker = StepTracker(model, rules)
     tracker.training = mode == "train"
     owner = _owners(model)
     _register_resident(tracker, model, inputs, target, opt, owner)
     with tracker, tracker.layer_hooks():
-        run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, tracker=tracker)
+        run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, tracker=tracker,
+                 micro_steps=micro_steps)
     if opt is not None:
         for group in opt.param_groups:
             for p in group["params"]:
@@ -191,7 +205,8 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
 
 def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
                     loss_fn: Callable[..., Any] | None, target: Any,
-                    rules: OpRules | None = None, meta: dict[str, object] | None = None) -> Trace:
+                    rules: OpRules | None = None, meta: dict[str, object] | None = None,
+                    micro_steps: int = 1) -> Trace:
     """Trace one step under FakeTensorMode: nothing model-sized is allocated.
 
     Parameters, buffers, inputs and optimizer state are replaced by fake tensors for the trace (the
@@ -203,11 +218,11 @@ def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: st
     where they differ).
     """
     trace, values = _trace_fake(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                                rules=rules, meta=meta, routing=ROUTINGS[0])
+                                rules=rules, meta=meta, routing=ROUTINGS[0], micro_steps=micro_steps)
     notes = [guess_note(values.guesses)] if values.guesses else []
     if values.routed:
         other, _ = _trace_fake(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                               rules=rules, meta=meta, routing=ROUTINGS[1])
+                               rules=rules, meta=meta, routing=ROUTINGS[1], micro_steps=micro_steps)
         peaks = [simulate(t).peaks for t in (trace, other)]
         if peaks[0] != peaks[1]:
             notes.append(routing_note(peaks[0], peaks[1]))
@@ -220,7 +235,7 @@ def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: st
 
 def _trace_fake(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
                 loss_fn: Callable[..., Any] | None, target: Any, rules: OpRules | None,
-                meta: dict[str, object] | None, routing: str) -> tuple[Trace, RealValues]:
+                meta: dict[str, object] | None, routing: str, micro_steps: int = 1) -> tuple[Trace, RealValues]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     small = {id(b): b.detach().clone() for b in model.buffers() if not b.is_meta and b.numel() <= COMPUTE_LIMIT}
@@ -236,7 +251,7 @@ def _trace_fake(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, o
                     p.grad = torch.zeros_like(p)
             opt.step()
         trace = trace_prepared(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target,
-                               rules=rules, meta=dict(meta or {}))
+                               rules=rules, meta=dict(meta or {}), micro_steps=micro_steps)
     return trace, values
 
 
