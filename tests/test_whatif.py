@@ -227,3 +227,15 @@ def test_accumulation_in_what_if_and_its_errors() -> None:
         nnmem.estimate("gpt", batch=2, accumulate=0)
     result = CliRunner().invoke(cli, ["estimate", "gpt", "--mode", "infer", "--accumulate", "2"])
     assert result.exit_code == 2 and "inference has no gradients" in result.stderr
+
+
+def test_estimate_and_measure_take_a_checkpoint_plan() -> None:
+    estimated = nnmem.estimate("gpt", batch=4, optimizer="adam", checkpoint="every:2")
+    measured = nnmem.measure("gpt", batch=4, optimizer="adam", checkpoint="every:2")
+    assert abs(estimated.peaks["allocator"] - measured.peaks["allocator"]) <= 0.01 * measured.peaks["allocator"]
+    assert estimated.meta["checkpoint"] == "every:2"
+    assert estimated.peaks["allocator"] < nnmem.estimate("gpt", batch=4, optimizer="adam").peaks["allocator"]
+    result = CliRunner().invoke(cli, ["estimate", "gpt", "--batch", "4", "--checkpoint", "blocks"])
+    assert result.exit_code == 0 and "checkpoint: blocks" in result.stdout
+    with pytest.raises(nnmem.ConfigError, match="training step"):
+        nnmem.estimate("gpt", batch=4, mode="infer", checkpoint="blocks")

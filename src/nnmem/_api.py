@@ -61,21 +61,26 @@ def _accumulate(accumulate: Any, mode: str) -> int:
 
 def step_request(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
                  loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
-                 batch: int | None = None, input_shape: Any = None, accumulate: int = 1) -> StepRequest:
+                 batch: int | None = None, input_shape: Any = None, accumulate: int = 1,
+                 checkpoint: str | None = None) -> StepRequest:
     """The checked request for one step (the arguments of :func:`estimate`).
 
     Raises:
         ConfigError: an argument is malformed (unknown mode or optimizer name, bad batch or shapes, ...).
     """
     _check(mode, optimizer, batch, device)
+    if checkpoint is not None and (not isinstance(checkpoint, str) or mode != "train"):
+        raise ConfigError(f"expected checkpoint as a plan ('blocks', 'every:K', 'sqrt' or module names) for a "
+                          f"training step. Received: checkpoint={checkpoint!r} with mode={mode!r}")
     return StepRequest(model=model, inputs=inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                        device=device, batch=batch, input_shape=_shapes(input_shape), name=_display_name(model),
-                       accumulate=_accumulate(accumulate, mode))
+                       accumulate=_accumulate(accumulate, mode), checkpoint=checkpoint)
 
 
 def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
              loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
-             batch: int | None = None, input_shape: Any = None, accumulate: int = 1) -> Report:
+             batch: int | None = None, input_shape: Any = None, accumulate: int = 1,
+             checkpoint: str | None = None) -> Report:
     """Estimate the peak memory of one training or inference step, without allocating it.
 
     Args:
@@ -97,6 +102,8 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
         input_shape: shape(s) without the batch, for a spec whose factory returns only a model.
         accumulate: gradient accumulation (PyTorch): one optimizer step over this many micro-batches, each
             ``inputs`` (or ``batch``); the gradients of the first live through the others.
+        checkpoint: a gradient-checkpointing plan (PyTorch) applied to the model for the step: "blocks",
+            "every:K", "sqrt" or "NAME[,NAME...]" (``nnmem.checkpoint_plan``).
 
     Returns:
         A Report whose ``peak_bytes`` is the level that decides an OOM on ``device``.
@@ -106,14 +113,15 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
         >>> report.peak_bytes  # doctest: +SKIP
     """
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                           device=device, batch=batch, input_shape=input_shape, accumulate=accumulate)
+                           device=device, batch=batch, input_shape=input_shape, accumulate=accumulate,
+                           checkpoint=checkpoint)
     return resolve(model).estimate(request)
 
 
 def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
             loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
             batch: int | None = None, input_shape: Any = None, timeout_s: float | None = None,
-            runs: int = 1, accumulate: int = 1) -> Report:
+            runs: int = 1, accumulate: int = 1, checkpoint: str | None = None) -> Report:
     """Run the step for real in a child process and report what it used, at every level.
 
     Takes the same arguments as :func:`estimate`. The child's death (OOM kill, crash) raises
@@ -128,7 +136,8 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     from nnmem.report.runs import MAX_RUNS, median_run
 
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                           device=device, batch=batch, input_shape=input_shape, accumulate=accumulate)
+                           device=device, batch=batch, input_shape=input_shape, accumulate=accumulate,
+                           checkpoint=checkpoint)
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
         raise ConfigError(f"expected runs as an integer from 1 to {MAX_RUNS} (fresh processes to measure in). "
                           f"Received: runs={runs!r}")

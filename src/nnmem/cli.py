@@ -106,6 +106,9 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Memory budget, e.g. 16GiB or 16 GB: say whether the peak fits."),
         click.option("--accumulate", type=PositiveIntType(), default=1, show_default=True, metavar="K",
                      help="Gradient accumulation (PyTorch): one optimizer step over K micro-batches of --batch."),
+        click.option("--checkpoint", default=None, metavar="PLAN",
+                     help="Gradient checkpointing (PyTorch): blocks, every:K, sqrt or NAME[,NAME...]; see "
+                          "`nnmem whatif`."),
         click.option("--json", "as_json", is_flag=True, help="Print only JSON."),
     ]
     for option in reversed(options):
@@ -114,9 +117,9 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _step_kwargs(batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-                 device: str, accumulate: int = 1) -> dict[str, Any]:
+                 device: str, accumulate: int = 1, checkpoint: str | None = None) -> dict[str, Any]:
     return {"batch": batch, "input_shape": input_shape or None, "mode": mode.lower(),
-            "optimizer": _opt(optimizer), "device": device, "accumulate": accumulate}
+            "optimizer": _opt(optimizer), "device": device, "accumulate": accumulate, "checkpoint": checkpoint}
 
 
 def _opt(optimizer: str | None) -> str | None:
@@ -151,14 +154,15 @@ def cli() -> None:
 @cli.command()
 @_step_options
 def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-             device: str, budget: int | None, accumulate: int, as_json: bool) -> None:
+             device: str, budget: int | None, accumulate: int, checkpoint: str | None, as_json: bool) -> None:
     """Estimate the peak memory of one step of MODEL, without running it.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
     The factory is called as factory(batch) (default batch 32) and returns a model or
     (model, inputs[, target[, loss_fn]]).
     """
-    report = nnmem.estimate(model, **_step_kwargs(batch, input_shape, mode, optimizer, device, accumulate))
+    report = nnmem.estimate(model, **_step_kwargs(batch, input_shape, mode, optimizer, device, accumulate,
+                                                  checkpoint))
     if as_json:
         click.echo(report.to_json(budget_bytes=budget))
         return
@@ -174,15 +178,15 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
 @click.option("--runs", type=click.IntRange(1, 50), default=1, show_default=True,
               help="Fresh processes to measure in; reports the median run and every run's peak.")
 def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-            device: str, budget: int | None, accumulate: int, as_json: bool, timeout_s: float | None,
-            runs: int) -> None:
+            device: str, budget: int | None, accumulate: int, checkpoint: str | None, as_json: bool,
+            timeout_s: float | None, runs: int) -> None:
     """Estimate MODEL's step, run it for real in a child process, and compare the two.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
     Default batch 32. --budget is checked against the measured peak. --runs N measures in N fresh processes
     (TensorFlow's peak differs between processes) and compares with the median run.
     """
-    kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device, accumulate)
+    kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device, accumulate, checkpoint)
     estimated = nnmem.estimate(model, **kwargs)
     measured = nnmem.measure(model, **kwargs, timeout_s=timeout_s, runs=runs)
     comparison = nnmem.compare(estimated, measured)

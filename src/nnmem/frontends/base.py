@@ -38,6 +38,8 @@ class StepRequest:
         name: what the report calls the model.
         accumulate: training with gradient accumulation over this many micro-batches (``inputs`` and
             ``batch`` are one micro-batch); 1: none.
+        checkpoint: a gradient-checkpointing plan applied to the model for the step ("blocks", "every:K",
+            "sqrt", "NAME[,NAME...]"); None: none.
     """
 
     model: Any
@@ -51,6 +53,7 @@ class StepRequest:
     input_shape: tuple[tuple[int, ...], ...] | None = None
     name: str = ""
     accumulate: int = 1
+    checkpoint: str | None = None
 
     def with_(self, **changes: Any) -> StepRequest:
         """A copy with ``changes`` (requests are immutable)."""

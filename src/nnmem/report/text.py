@@ -65,6 +65,8 @@ def _header(report: Report) -> str:
     batch = str(report.batch) if report.batch is not None else "—"
     if int(report.meta.get("accumulate", 1)) > 1:
         batch += f" per micro-batch, {report.meta['accumulate']} accumulated per optimizer step"
+    if report.meta.get("checkpoint"):
+        batch += f" · checkpoint: {report.meta['checkpoint']}"
     lines = [
         f"nnmem {report.source} — model {report.model} ({report.framework})",
         f"  mode: {report.mode} · optimizer: {optimizer} · device: {report.device} · batch: {batch}",

@@ -95,9 +95,9 @@ class KerasFrontend:
 
     def load(self, request: StepRequest) -> StepRequest:
         _check_device(request.device)
-        if request.accumulate > 1:
-            raise UnsupportedError("gradient accumulation (accumulate > 1) is estimated for PyTorch models so far, "
-                                   "not for Keras ones")
+        if request.accumulate > 1 or request.checkpoint is not None:
+            raise UnsupportedError("gradient accumulation and checkpoint plans are estimated for PyTorch models so "
+                                   "far, not for Keras ones")
         if isinstance(request.model, str) and request.model.endswith(".keras"):
             return request.with_(model=load_file(request.model))
         return request

@@ -4,6 +4,7 @@ FakeTensorMode (CPU kernel rules, or the CUDA caching-allocator model), measure 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -70,6 +71,15 @@ def _from_spec(request: StepRequest, batch: int, *, meta: bool) -> tuple[StepReq
                          loss_fn=request.loss_fn or built.loss_fn), notes
 
 
+def _checkpointed(request: StepRequest) -> AbstractContextManager[Any]:
+    """The request's checkpoint plan applied to its model while tracing (nothing when it has none)."""
+    if request.checkpoint is None:
+        return nullcontext()
+    from nnmem.frontends.pytorch.checkpointing import checkpointed
+
+    return checkpointed(request.model, request.checkpoint)
+
+
 def _batch_of(inputs: Any) -> int | None:
     first = inputs if isinstance(inputs, torch.Tensor) else (inputs[0] if isinstance(inputs, (tuple, list)) and inputs
                                                              else None)
@@ -123,11 +133,14 @@ class PyTorchFrontend:
             request, notes = _from_spec(request, request.batch or 1, meta=True)
         meta: dict[str, object] = _meta(request) if batch is None else {"batch": batch}
         rules = WorkspaceRules()
-        trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
-                                optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
-                                rules=rules, meta=meta, micro_steps=min(request.accumulate, 2))
+        with _checkpointed(request):
+            trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
+                                    optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
+                                    rules=rules, meta=meta, micro_steps=min(request.accumulate, 2))
         if request.accumulate > 1:
             trace.meta["accumulate"] = request.accumulate
+        if request.checkpoint is not None:
+            trace.meta["checkpoint"] = request.checkpoint
         if rules.notes:  # kernel paths this CPU takes that no rule models: a CPU report says so
             trace.meta["unmodelled"] = "\n".join(rules.notes)
         return request, trace, notes
@@ -189,6 +202,10 @@ class PyTorchFrontend:
             real = _from_spec(request, request.batch or 1, meta=False)[0] if isinstance(request.model, str) \
                 else request
             inputs = _as_tuple(real.inputs)
+            if real.checkpoint is not None:
+                from nnmem.frontends.pytorch.checkpointing import apply_checkpointing
+
+                apply_checkpointing(real.model, real.checkpoint)
             if any(isinstance(t, torch.Tensor) and t.is_meta for t in inputs):
                 inputs = fake_copy(inputs)
             return measure_step(real.model, inputs, mode=real.mode, optimizer=real.optimizer, loss_fn=real.loss_fn,
