@@ -239,3 +239,30 @@ def test_estimate_and_measure_take_a_checkpoint_plan() -> None:
     assert result.exit_code == 0 and "checkpoint: blocks" in result.stdout
     with pytest.raises(nnmem.ConfigError, match="training step"):
         nnmem.estimate("gpt", batch=4, mode="infer", checkpoint="blocks")
+
+
+def test_fewest_micro_steps_is_the_smallest_dividing_count_that_fits() -> None:
+    from nnmem.whatif.accumulation import fewest_micro_steps
+
+    for effective in range(1, 80):
+        for plain in range(0, 12):
+            for micro in range(0, 12):
+                k = fewest_micro_steps(effective, plain, micro)
+                fits = [c for c in range(1, effective + 1) if effective % c == 0
+                        and (effective // c <= plain if c == 1 else effective // c <= micro)]
+                assert k == (fits[0] if fits else 0), (effective, plain, micro)
+
+
+def test_micro_batches_fit_the_budget_when_measured() -> None:
+    """The split's step, run for real, is within the budget; the next coarser split is not, by its estimate."""
+    budget = 2 * 2**20
+    split = nnmem.micro_batches("mlp", batch=4096, budget=budget, optimizer="adam")
+    assert split.micro_steps > 1 and 4096 % split.micro_steps == 0 and split.largest_plain < 4096
+    measured = nnmem.measure("mlp", batch=split.micro_batch, optimizer="adam", accumulate=split.micro_steps)
+    assert measured.peaks["allocator"] <= budget
+    coarser = max(k for k in range(1, split.micro_steps) if 4096 % k == 0)
+    over = nnmem.estimate("mlp", batch=4096 // coarser, optimizer="adam", accumulate=coarser).peaks["allocator"]
+    assert over > budget
+    result = CliRunner().invoke(cli, ["fit", "mlp", "--budget", "2MiB", "--effective-batch", "4096",
+                                      "--optimizer", "adam"])
+    assert result.exit_code == 0 and f"{split.micro_steps} micro-batches of {split.micro_batch}" in result.stdout

@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from nnmem._api import estimate, measure
-from nnmem._fit import batch_curve, explain, fit, max_batch
+from nnmem._fit import batch_curve, explain, fit, max_batch, micro_batches
 from nnmem.devices import Device, get_device, list_devices
 from nnmem.errors import (
     BudgetError,
@@ -25,6 +25,7 @@ from nnmem.report.compare import Comparison, compare
 from nnmem.report.model import LayerRow, Report, TimelinePoint
 from nnmem.trace import Category, Level, Phase
 from nnmem.units import format_bytes, parse_size
+from nnmem.whatif.accumulation import Accumulation
 from nnmem.whatif.batch import BatchCurve, FitResult, Fits
 from nnmem.whatif.compare import (
     TechniqueRow,
@@ -39,6 +40,7 @@ from nnmem.whatif.explain import Explanation, ModeFigures
 __version__ = "0.1.0"
 
 __all__ = [
+    "Accumulation",
     "BatchCurve",
     "BudgetError",
     "Category",
@@ -75,6 +77,7 @@ __all__ = [
     "list_devices",
     "max_batch",
     "measure",
+    "micro_batches",
     "parse_size",
     "what_if",
 ]

@@ -10,12 +10,14 @@ from nnmem._api import step_request
 from nnmem.errors import ConfigError, UnsupportedError
 from nnmem.frontends.base import Frontend, StepRequest, resolve
 from nnmem.report.model import report_from_trace
+from nnmem.simulate import simulate
 from nnmem.trace import Trace
 from nnmem.units import parse_size
+from nnmem.whatif.accumulation import Accumulation, fewest_micro_steps
 from nnmem.whatif.batch import BatchCurve, FitResult, Fits, fit_curve, search_max_batch
 from nnmem.whatif.explain import Explanation, mode_figures
 
-__all__ = ["batch_curve", "max_batch", "fit", "explain"]
+__all__ = ["batch_curve", "max_batch", "fit", "explain", "micro_batches"]
 
 CURVE_BATCHES = (2, 4)
 Progress = Callable[[str], None]
@@ -62,7 +64,8 @@ def batch_curve(model: Any, inputs: Any = None, *, mode: str = "train", optimize
 
 def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", mode: str = "train",
               optimizer: Any = None, loss_fn: Callable[..., Any] | None = None, target: Any = None,
-              input_shape: Any = None, upper: int | None = None, progress: Progress | None = None) -> FitResult:
+              input_shape: Any = None, upper: int | None = None, progress: Progress | None = None,
+              accumulate: int = 1) -> FitResult:
     """The largest batch whose step peak fits ``budget`` (or the device's usable memory).
 
     Args:
@@ -72,12 +75,13 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
             CUDA device the batch is searched at the reserved level of nnmem's caching-allocator model.
         upper: the largest batch considered (None: no limit; the search extrapolates and verifies by trace).
         progress: called with a short message before each trace.
+        accumulate: search the micro-batch of a step with gradient accumulation over this many micro-batches.
 
     Returns:
         The batch, the peak there and at the next batch, both from traces.
     """
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                           device=device, input_shape=input_shape)
+                           device=device, input_shape=input_shape, accumulate=accumulate)
     return _search(request, *_budget(budget, device), upper=upper, progress=progress)
 
 
@@ -148,3 +152,41 @@ def _saved_per_sample(first: Trace, second: Trace, step: int, device: str, saved
         if per_sample > 0:
             saved[row1.path or "(model)"] = per_sample
     return sum(row.parameter_bytes for row in r1.layers if row.parameters) if "gradients" in r1.breakdown else 0
+
+
+def micro_batches(model: Any, inputs: Any = None, *, batch: int, budget: Any = None, device: str = "cpu",
+                  optimizer: Any = None, loss_fn: Callable[..., Any] | None = None, target: Any = None,
+                  input_shape: Any = None, progress: Progress | None = None) -> Accumulation:
+    """The fewest micro-batch steps an effective training ``batch`` fits the budget in, with gradient accumulation.
+
+    The largest batch without accumulation and the largest micro-batch with it (the first micro-batch's
+    gradients live through the others: the same peak for any count of 2 or more) are searched by trace; the
+    answer is the smallest count that divides ``batch`` into micro-batches within the latter, and its peak is
+    traced.
+
+    Raises:
+        ConfigError: a batch that is not a positive integer.
+    """
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
+        raise ConfigError(f"expected the effective batch as a positive integer. Received: {batch!r}")
+    budget_bytes, level = _budget(budget, device)
+    kwargs: dict[str, Any] = {"mode": "train", "optimizer": optimizer, "loss_fn": loss_fn, "target": target,
+                              "device": device, "input_shape": input_shape}
+    plain = _search(step_request(model, inputs, **kwargs), budget_bytes, level, progress=progress)
+    if plain.batch >= batch:
+        return Accumulation(batch, 1, batch, _search_peak(model, inputs, batch, 1, kwargs, level), budget_bytes,
+                            plain.batch, 0)
+    accumulated = _search(step_request(model, inputs, accumulate=2, **kwargs), budget_bytes, level,
+                          progress=progress)
+    k = fewest_micro_steps(batch, plain.batch, accumulated.batch)
+    peak = _search_peak(model, inputs, batch // k, k, kwargs, level) if k else 0
+    return Accumulation(batch, k, batch // k if k else 0, peak, budget_bytes, plain.batch, accumulated.batch)
+
+
+def _search_peak(model: Any, inputs: Any, batch: int, accumulate: int, kwargs: dict[str, Any], level: str) -> int:
+    """The peak at ``level`` of the training step at ``batch`` (one micro-batch when ``accumulate`` > 1)."""
+    request = step_request(model, inputs, accumulate=accumulate, **kwargs)
+    frontend, trace_at = _tracer(request)
+    trace = trace_at(batch)
+    peak_of = frontend.peak_of(request)
+    return peak_of(trace) if peak_of is not None else simulate(trace).peaks[level]

@@ -30,7 +30,7 @@ from nnmem.report.text import (
     render_report,
     render_summary,
 )
-from nnmem.report.whatif_text import render_whatif
+from nnmem.report.whatif_text import render_accumulation, render_whatif
 
 _ALL_OPTIMIZERS = optimizers.names()
 _OPTIMIZER_HELP = ("Optimizer whose state a training step keeps. Default: sgd for PyTorch models, the compiled "
@@ -251,13 +251,22 @@ def _need_budget(budget: int | None, device: str) -> None:
 @_fit_options
 @click.option("--mode", type=click.Choice((*MODES, "both"), case_sensitive=False), default="both", show_default=True,
               help="Which step to fit.")
+@click.option("--effective-batch", "effective", type=PositiveIntType(), default=None, metavar="B",
+              help="Training batch per optimizer step: the fewest gradient-accumulation micro-batches it fits in.")
 def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...], optimizer: str | None,
-        as_json: bool, mode: str) -> None:
+        as_json: bool, mode: str, effective: int | None) -> None:
     """The largest batch of MODEL that fits a budget, for training and for inference side by side.
 
     Exact for the estimate: the step's peak at the batch is within the budget, at the next batch it is not.
+    With --effective-batch B: the fewest micro-batches a training batch of B fits in (gradient accumulation).
     """
     _need_budget(budget, device)
+    if effective is not None:
+        split = nnmem.micro_batches(model, batch=effective, budget=budget, device=device, optimizer=_opt(optimizer),
+                                    input_shape=input_shape or None, progress=_progress())
+        click.echo(json.dumps(split.to_dict(), indent=2) if as_json
+                   else render_accumulation(split, budget_label=_budget_label(budget, device)))
+        return
     modes = MODES if mode.lower() == "both" else (mode.lower(),)
     fits = nnmem.fit(model, budget=budget, device=device, modes=modes, optimizer=_opt(optimizer),
                      input_shape=input_shape or None, progress=_progress())

@@ -130,9 +130,16 @@ def _peaks_section(report: Report) -> list[RenderableType]:
         table.add_row(level, _bytes(nbytes), "← reported" if level == report.level else "")
     if report.peak_range is not None:
         low, high = report.peak_range
-        table.add_row(f"{report.level} range", f"{format_bytes(low)} – {format_bytes(high)}",
-                      "over the op orders the step can run in")
+        table.add_row(f"{report.level} range", f"{format_bytes(low)} – {format_bytes(high)}", _range_reason(report))
     return ["peak at every level", table]
+
+
+def _range_reason(report: Report) -> str:
+    """Why the peak is a range: TensorFlow's executor picks an op order; XLA's and YNNPACK's threads overlap or
+    not."""
+    if "jax" in report.framework:
+        return "over whether the runtime's threads overlap the step's ops"
+    return "over the op orders the step can run in"
 
 
 def _notes(notes: Iterable[str]) -> str:
@@ -168,7 +175,7 @@ def render_summary(report: Report) -> str:
     lines = [
         f"{_SOURCE_LABEL.get(report.source, report.source)}: {_peak_line(report)}",
         f"  peaks: {peaks}",
-        *([f"  {report.level} range over op orders: {format_bytes(report.peak_range[0])} – "
+        *([f"  {report.level} range ({_range_reason(report)}): {format_bytes(report.peak_range[0])} – "
             f"{format_bytes(report.peak_range[1])}"] if report.peak_range is not None else []),
         f"  at the peak: {categories}",
     ]

@@ -8,9 +8,10 @@ from rich.table import Table
 
 from nnmem.report.text import IEC_NOTE, _render
 from nnmem.units import format_bytes
+from nnmem.whatif.accumulation import Accumulation
 from nnmem.whatif.compare import TechniqueRow, WhatIf
 
-__all__ = ["render_whatif"]
+__all__ = ["render_whatif", "render_accumulation"]
 
 
 def _signed(n: int) -> str:
@@ -64,3 +65,20 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
                  "compute: FLOPs added to the step (recomputed forwards) as torch's FlopCounterMode counts them: "
                  "matmuls, convolutions and attention; pointwise ops and norms are not counted. " + IEC_NOTE)
     return _render(*lines, width=width)
+
+
+def render_accumulation(split: Accumulation, *, budget_label: str) -> str:
+    """Lines: how an effective batch fits the budget, with the searched batches behind the answer."""
+    b = split.effective_batch
+    if split.micro_steps == 1:
+        head = (f"effective batch {b:,} fits {budget_label} in one step (peak {format_bytes(split.peak_bytes)}); "
+                f"the largest training batch is {split.largest_plain:,}")
+    elif split.micro_steps == 0:
+        head = (f"effective batch {b:,} does not fit {budget_label} even in micro-batches of 1: a step with "
+                f"accumulation holds a full set of gradients beside the micro-batch")
+    else:
+        head = (f"effective batch {b:,} fits {budget_label} in {split.micro_steps} micro-batches of "
+                f"{split.micro_batch:,} (gradient accumulation; peak {format_bytes(split.peak_bytes)})\n"
+                f"without accumulation the largest training batch is {split.largest_plain:,}; with it the largest "
+                f"micro-batch is {split.largest_micro:,} (the first micro-batch's gradients live through the rest)")
+    return f"{head}\n{IEC_NOTE}\n"
