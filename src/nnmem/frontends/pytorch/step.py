@@ -116,7 +116,7 @@ def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt:
     assert opt is not None
     begin(Phase.FORWARD)
     opt.zero_grad(set_to_none=True)
-    for _ in range(micro_steps):
+    for _ in range(micro_steps):  # as a user's loop: the last output and loss live through the next forward
         begin(Phase.FORWARD)
         out = _call(model, inputs)
         try:
@@ -127,9 +127,9 @@ def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt:
             loss = loss / micro_steps
         begin(Phase.BACKWARD)
         loss.backward()
-        del loss, out
     begin(Phase.OPTIMIZER)
     opt.step()
+    del loss, out
 
 
 @contextmanager
