@@ -131,8 +131,9 @@ def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
     return order if len(order) == len(ops) else None
 
 
-PICKS = ("fifo", "lifo", "largest")
-"""Which ready ops :func:`executor_waves` starts first: the oldest, the newest, the largest outputs."""
+PICKS = ("fifo", "lifo", "largest", "leanest", "fattest")
+"""Which ready ops :func:`executor_waves` starts first: the oldest, the newest, the largest outputs, the ones that
+add the fewest (most) bytes net of the inputs they free."""
 
 
 def executor_waves(graph: Any, kept: set[str], threads: int, pick: str = "fifo") -> tuple[list[Any], list[int]]:
@@ -158,14 +159,20 @@ def executor_waves(graph: Any, kept: set[str], threads: int, pick: str = "fifo")
     order: list[Any] = []
     wave_end: list[int] = []
     size = {g: sum(tensor_bytes(t) for i in m for t in ops[i].outputs) for g, m in members.items()}
+    net = _NetBytes(ops, members, size) if pick in ("leanest", "fattest") else None
     while ready:
         if pick == "largest":
             ready = deque(sorted(ready, key=lambda g: -size[g]))
+        elif net is not None:
+            sign = 1 if pick == "leanest" else -1
+            ready = deque(sorted(ready, key=lambda g: (sign * net.of(g), g)))
         take = ready.pop if pick == "lifo" else ready.popleft
         wave = [take() for _ in range(min(max(threads, 1), len(ready)))]
         start = len(order)
         for g in wave:
             order.extend(ops[i] for i in members[g])
+            if net is not None:
+                net.started(g)
         wave_end.extend([len(order) - 1] * (len(order) - start))
         for g in wave:
             for u in users[g]:
@@ -176,6 +183,48 @@ def executor_waves(graph: Any, kept: set[str], threads: int, pick: str = "fifo")
         order = execution_order(graph, kept)
         wave_end = list(range(len(order)))
     return order, wave_end
+
+
+class _NetBytes:
+    """Bytes a group of ops would add if started now: its outputs less the inputs it is the last consumer of.
+
+    Only buffers a kernel allocates count (:mod:`.scratch` ``Memory.NEW`` / ``IN_PLACE``); a view's consumers
+    are its source's (``Memory.VIEW`` outputs are followed back to the buffer they share).
+    """
+
+    def __init__(self, ops: list[Any], members: dict[int, list[int]], size: dict[int, int]) -> None:
+        from nnmem.frontends.keras.tensorflow.scratch import Memory, rule_of
+
+        self.members, self.size = members, size
+        index = {op.name: i for i, op in enumerate(ops)}
+        self.source: dict[str, str] = {}  # tensor -> the buffer's tensor (through views)
+        for op in ops:
+            viewing = rule_of(op.type).memory is Memory.VIEW
+            for k, t in enumerate(op.outputs):
+                src = op.inputs[k if op.type == "IdentityN" else 0] if viewing and op.inputs else None
+                self.source[t.name] = self.source.get(src.name, src.name) if src is not None else t.name
+        self.owned = {t.name: tensor_bytes(t) for op in ops for t in op.outputs
+                      if rule_of(op.type).memory in (Memory.NEW, Memory.IN_PLACE) and op.name in index}
+        self.uses: dict[int, dict[str, int]] = {}
+        self.left: dict[str, int] = {}
+        for g, m in members.items():
+            uses: dict[str, int] = {}
+            for i in m:
+                for t in ops[i].inputs:
+                    buf = self.source.get(t.name, t.name)
+                    if buf in self.owned:
+                        uses[buf] = uses.get(buf, 0) + 1
+            self.uses[g] = uses
+            for buf, n in uses.items():
+                self.left[buf] = self.left.get(buf, 0) + n
+
+    def of(self, g: int) -> int:
+        freed = sum(self.owned[b] for b, n in self.uses[g].items() if self.left[b] == n)
+        return self.size[g] - freed
+
+    def started(self, g: int) -> None:
+        for buf, n in self.uses[g].items():
+            self.left[buf] -= n
 
 
 def pin(graph: Any) -> None:

@@ -110,6 +110,18 @@ def _const_bytes(graph: Any, names: set[str]) -> int:
                if op.type == "Const" and op.name in names)
 
 
+def _fetch(graph: Any, kept: set[str]) -> list[str]:
+    """What the function runtime hands Grappler as fetch and keep nodes: the function's results and its side
+    effects (``GrapplerFunctionItem``: ``_Retval`` inputs and control returns). Every other node may be removed,
+    e.g. the ``IdentityN`` of ``tf.custom_gradient`` that Keras's optimizer puts over all gradients (the
+    dependency optimizer's ``SafeToRemoveIdentity``): without it each variable's update starts as soon as its
+    gradient is ready."""
+    outs = {t.op.name for t in graph.outputs} | {op.name for op in getattr(graph, "control_outputs", [])}
+    outs |= {op.name for op in graph.get_operations()
+             if op.name in kept and op.type.startswith(("Assign", "ResourceApply"))}
+    return sorted(outs)
+
+
 def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequential: tuple[int, int],
                grappler: bool = True) -> tuple[int, int, int]:
     """(lowest, highest peak, inter-op threads), in bytes, over the step's op orders (module docstring).
@@ -125,7 +137,7 @@ def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequ
     keep = [t.name for t in graph.outputs]
     inputs = {t.name for t in graph.inputs}
     peaks = [sequential, *_peaks(graph, kept, inputs, keep, threads, resident)]
-    rewritten = grappler_graph(graph, sorted(kept)) if grappler else None
+    rewritten = grappler_graph(graph, _fetch(graph, kept)) if grappler else None
     if rewritten is not None:
         names = {op.name for op in rewritten.get_operations()}
         folded = _const_bytes(rewritten, names) - _const_bytes(graph, kept)
