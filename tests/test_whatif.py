@@ -266,3 +266,12 @@ def test_micro_batches_fit_the_budget_when_measured() -> None:
     result = CliRunner().invoke(cli, ["fit", "mlp", "--budget", "2MiB", "--effective-batch", "4096",
                                       "--optimizer", "adam"])
     assert result.exit_code == 0 and f"{split.micro_steps} micro-batches of {split.micro_batch}" in result.stdout
+
+
+def test_a_factory_without_inputs_gets_them_from_input_shape(tmp_path: Path) -> None:
+    path = tmp_path / "only.py"
+    path.write_text("import torch\n\ndef make(batch):\n    return torch.nn.Sequential(torch.nn.Linear(8, 64), "
+                    "torch.nn.ReLU(), torch.nn.Linear(64, 4))\n")
+    result = nnmem.what_if(f"{path}:make", batch=16, input_shape=(8,), techniques=["accumulate:4", "inplace"])
+    assert [r.technique for r in result.rows] == ["accumulate:4", "inplace"]
+    assert result.rows[0].report.batch == 4 and result.saved(result.rows[0]) > 0

@@ -109,8 +109,10 @@ def _traced(estimate: Callable[[], Report]) -> tuple[Report, int]:
     return estimate(), step_flops(estimate)
 
 
-def _build(model: Any, inputs: Any, batch: int | None, target: Any, loss_fn: Any) -> tuple[Any, Any, Any, Any]:
-    """The torch model and its inputs: a MODEL spec's factory is called at ``batch`` under the meta device."""
+def _build(model: Any, inputs: Any, batch: int | None, target: Any, loss_fn: Any,
+           input_shape: Any) -> tuple[Any, Any, Any, Any]:
+    """The torch model and its inputs: a MODEL spec's factory is called at ``batch`` under the meta device;
+    inputs it does not return are meta tensors of ``input_shape``."""
     from nnmem.frontends.base import framework_of
 
     if framework_of(model) != "pytorch":
@@ -124,6 +126,12 @@ def _build(model: Any, inputs: Any, batch: int | None, target: Any, loss_fn: Any
         model, inputs = built.model, built.inputs if inputs is None else inputs
         target = built.target if target is None else target
         loss_fn = built.loss_fn if loss_fn is None else loss_fn
+    if inputs is None and input_shape:
+        from nnmem._api import step_request
+        from nnmem.frontends.pytorch.frontend import shaped_inputs
+
+        shapes = step_request(model, input_shape=input_shape).input_shape
+        inputs = shaped_inputs(batch or 1, shapes, device="meta")  # type: ignore[arg-type]
     return model, inputs, target, loss_fn
 
 
@@ -206,10 +214,9 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
 
     asked = tuple(techniques) if techniques is not None else None
     budget_bytes = parse_size(budget) if budget is not None else None
-    torch_model, inputs, target, loss_fn = _build(model, inputs, batch, target, loss_fn)
+    torch_model, inputs, target, loss_fn = _build(model, inputs, batch, target, loss_fn, input_shape)
     name = model if isinstance(model, str) else type(torch_model).__name__
-    kwargs: dict[str, Any] = {"optimizer": optimizer, "loss_fn": loss_fn, "target": target,
-                              "input_shape": input_shape}
+    kwargs: dict[str, Any] = {"optimizer": optimizer, "loss_fn": loss_fn, "target": target}
     step = {**kwargs, "mode": mode, "batch": None if inputs is not None else batch}
 
     def largest(for_mode: str) -> int:
@@ -231,8 +238,8 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         micro = baseline.report.batch // k  # type: ignore[operator]
         if progress:
             progress(f"tracing {technique}")
-        report = estimate(torch_model, _first(inputs, micro), **{**step, "target": _first(target, micro)},
-                          accumulate=k)
+        report = estimate(torch_model, _first(inputs, micro), accumulate=k,
+                          **{**step, "target": _first(target, micro), "batch": None if inputs is not None else micro})
         return TechniqueRow(technique, f"{k} micro-batches of {micro}, gradients summed between them",
                             report, baseline.flops)
 
