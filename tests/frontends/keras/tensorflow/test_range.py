@@ -39,9 +39,6 @@ def test_parameters_are_the_weights_bytes() -> None:
 
 
 @pytest.mark.accuracy
-@pytest.mark.xfail(strict=False, reason="issue 18 open: the range does not yet hold every plain process (clean-clone "
-                   "CI: keras_subclassed train 771,840 B in 1 of 5 processes, estimated 775,424-976,128 B); "
-                   "benchmarks/tf_range.py lists the misses")
 @pytest.mark.parametrize(("name", "mode"), CASES)
 def test_plain_runs_fall_inside_the_range(name: str, mode: str) -> None:
     import nnmem
