@@ -52,3 +52,23 @@ def test_plain_runs_fall_inside_the_range(name: str, mode: str) -> None:
     peaks = [int(p) for p in measured.meta["runs_peaks"]]
     assert all(low <= p <= high for p in peaks), (
         f"estimated {low:,}-{high:,} B, measured {', '.join(f'{p:,}' for p in peaks)} B in {RUNS} processes")
+
+
+def test_grappler_removes_the_gradients_identity_n() -> None:
+    """Grappler gets the function runtime's fetch nodes: the IdentityN over all gradients goes, the updates stay."""
+    from nnmem.frontends.keras.common import KerasStep
+    from nnmem.frontends.keras.tensorflow import spread, trace
+    from nnmem.frontends.keras.tensorflow.schedule import reachable
+    from nnmem.zoo.keras_models import FACTORIES
+
+    model, x, y, loss = FACTORIES["keras_mlp"](BATCH)
+    model.compile(optimizer="adam", loss=loss)
+    graph = trace._concrete(KerasStep(model, x, y, "train", BATCH))[0].graph
+    kept = reachable(graph)
+    assert any(op.type == "IdentityN" for op in graph.get_operations() if op.name in kept)
+    rewritten = spread.grappler_graph(graph, spread._fetch(graph, kept))
+    assert rewritten is not None
+    types = [op.type for op in rewritten.get_operations()]
+    assert "IdentityN" not in types
+    assert types.count("AssignSubVariableOp") == sum(op.type == "AssignSubVariableOp" for op in graph.get_operations()
+                                                     if op.name in kept)
