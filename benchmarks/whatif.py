@@ -5,9 +5,10 @@ Run:  python benchmarks/whatif.py [--models gpt,resnet] [--modes train,infer] [-
 
 For each PyTorch model of the zoo and each mode, ``nnmem.what_if`` traces the baseline step and each technique
 that applies (checkpoint plans ``blocks``, ``every:2``, ``sqrt``, gradient accumulation ``accumulate:2`` and
-``accumulate:4`` in training; ``inplace``); every technique is then applied for real (``nnmem.apply_technique``
-inside a factory the measuring child runs; accumulation: ``nnmem.measure(..., accumulate=K)`` on one
-micro-batch) and measured with ``nnmem.measure``.
+``accumulate:4`` and ``optimizer-in-backward`` in training; ``inplace``); every technique is then applied for
+real (``nnmem.apply_technique`` inside a factory the measuring child runs; accumulation and the optimizer in
+backward: ``nnmem.measure(..., accumulate=K)`` on one micro-batch, ``optimizer_in_backward=True``) and
+measured with ``nnmem.measure``.
 A row gives the technique, the predicted and measured allocator-level peaks, the error, the bytes saved against the
 baseline and the extra FLOPs. The last line gives the median and maximum |error| over the techniques.
 """
@@ -58,6 +59,9 @@ def rows(model: str, mode: str, batch: int, optimizer: str | None, folder: str) 
         if technique and technique.startswith("accumulate:"):  # the step changes, not the model
             measured = nnmem.measure(model, mode=mode, batch=row.report.batch, optimizer=optimizer,
                                      accumulate=int(technique.split(":")[1])).peaks["allocator"]
+        elif technique == "optimizer-in-backward":
+            measured = nnmem.measure(model, mode=mode, batch=batch, optimizer=optimizer,
+                                     optimizer_in_backward=True).peaks["allocator"]
         else:
             measured = _measured(model, technique, mode, batch, optimizer, folder)
         predicted = row.report.peaks["allocator"]

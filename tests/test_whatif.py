@@ -275,3 +275,17 @@ def test_a_factory_without_inputs_gets_them_from_input_shape(tmp_path: Path) -> 
     result = nnmem.what_if(f"{path}:make", batch=16, input_shape=(8,), techniques=["accumulate:4", "inplace"])
     assert [r.technique for r in result.rows] == ["accumulate:4", "inplace"]
     assert result.rows[0].report.batch == 4 and result.saved(result.rows[0]) > 0
+
+
+@pytest.mark.parametrize("spec, optimizer", [("resnet", "sgd"), ("lstm_lm", "rmsprop")])
+def test_optimizer_in_backward_matches_the_measured_step(spec: str, optimizer: str) -> None:
+    """Each parameter is updated and its gradient freed inside backward: never all gradients at once."""
+    estimated = nnmem.estimate(spec, batch=4, optimizer=optimizer, optimizer_in_backward=True)
+    measured = nnmem.measure(spec, batch=4, optimizer=optimizer, optimizer_in_backward=True)
+    assert abs(estimated.peaks["allocator"] - measured.peaks["allocator"]) <= 0.01 * measured.peaks["allocator"]
+    plain = nnmem.measure(spec, batch=4, optimizer=optimizer)
+    assert measured.peaks["allocator"] < plain.peaks["allocator"]
+    result = nnmem.what_if(spec, batch=4, optimizer=optimizer, techniques=["optimizer-in-backward"])
+    assert result.rows[0].report.peaks == estimated.peaks and result.saved(result.rows[0]) > 0
+    with pytest.raises(nnmem.ConfigError, match="without gradient accumulation"):
+        nnmem.estimate(spec, batch=4, optimizer_in_backward=True, accumulate=2)

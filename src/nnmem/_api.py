@@ -62,7 +62,7 @@ def _accumulate(accumulate: Any, mode: str) -> int:
 def step_request(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
                  loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
                  batch: int | None = None, input_shape: Any = None, accumulate: int = 1,
-                 checkpoint: str | None = None) -> StepRequest:
+                 checkpoint: str | None = None, optimizer_in_backward: bool = False) -> StepRequest:
     """The checked request for one step (the arguments of :func:`estimate`).
 
     Raises:
@@ -72,15 +72,19 @@ def step_request(model: Any, inputs: Any = None, *, mode: str = "train", optimiz
     if checkpoint is not None and (not isinstance(checkpoint, str) or mode != "train"):
         raise ConfigError(f"expected checkpoint as a plan ('blocks', 'every:K', 'sqrt' or module names) for a "
                           f"training step. Received: checkpoint={checkpoint!r} with mode={mode!r}")
+    if optimizer_in_backward and (mode != "train" or accumulate != 1):
+        raise ConfigError("optimizer_in_backward applies to a training step without gradient accumulation (the "
+                          "update happens as each gradient is ready, so there is nothing to accumulate into)")
     return StepRequest(model=model, inputs=inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                        device=device, batch=batch, input_shape=_shapes(input_shape), name=_display_name(model),
-                       accumulate=_accumulate(accumulate, mode), checkpoint=checkpoint)
+                       accumulate=_accumulate(accumulate, mode), checkpoint=checkpoint,
+                       optimizer_in_backward=bool(optimizer_in_backward))
 
 
 def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
              loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
              batch: int | None = None, input_shape: Any = None, accumulate: int = 1,
-             checkpoint: str | None = None) -> Report:
+             checkpoint: str | None = None, optimizer_in_backward: bool = False) -> Report:
     """Estimate the peak memory of one training or inference step, without allocating it.
 
     Args:
@@ -104,6 +108,8 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
             ``inputs`` (or ``batch``); the gradients of the first live through the others.
         checkpoint: a gradient-checkpointing plan (PyTorch) applied to the model for the step: "blocks",
             "every:K", "sqrt" or "NAME[,NAME...]" (``nnmem.checkpoint_plan``).
+        optimizer_in_backward: the optimizer steps inside backward (PyTorch): each parameter is updated and
+            its gradient freed as soon as backward has accumulated it (one optimizer per parameter).
 
     Returns:
         A Report whose ``peak_bytes`` is the level that decides an OOM on ``device``.
@@ -114,14 +120,15 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
     """
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                            device=device, batch=batch, input_shape=input_shape, accumulate=accumulate,
-                           checkpoint=checkpoint)
+                           checkpoint=checkpoint, optimizer_in_backward=optimizer_in_backward)
     return resolve(model).estimate(request)
 
 
 def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
             loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
             batch: int | None = None, input_shape: Any = None, timeout_s: float | None = None,
-            runs: int = 1, accumulate: int = 1, checkpoint: str | None = None) -> Report:
+            runs: int = 1, accumulate: int = 1, checkpoint: str | None = None,
+            optimizer_in_backward: bool = False) -> Report:
     """Run the step for real in a child process and report what it used, at every level.
 
     Takes the same arguments as :func:`estimate`. The child's death (OOM kill, crash) raises
@@ -137,7 +144,7 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
 
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                            device=device, batch=batch, input_shape=input_shape, accumulate=accumulate,
-                           checkpoint=checkpoint)
+                           checkpoint=checkpoint, optimizer_in_backward=optimizer_in_backward)
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
         raise ConfigError(f"expected runs as an integer from 1 to {MAX_RUNS} (fresh processes to measure in). "
                           f"Received: runs={runs!r}")

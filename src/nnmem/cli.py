@@ -312,8 +312,8 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
               help="A gradient-checkpointing plan to compare: blocks, every:K, sqrt or NAME[,NAME...] (module "
                    "names); repeat for more. Default: every plan that applies to the model.")
 @click.option("--technique", "extra", multiple=True, metavar="TECHNIQUE",
-              help="Another technique to compare: inplace (activation and dropout modules in place) or "
-                   "accumulate:K (the batch in K micro-batches); repeat for more.")
+              help="Another technique to compare: inplace (activation and dropout modules in place), "
+                   "accumulate:K (the batch in K micro-batches) or optimizer-in-backward; repeat for more.")
 @click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
               help="Also find the largest training and inference batch with each technique, e.g. 16GiB.")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
@@ -322,8 +322,9 @@ def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mod
     """What each memory-saving technique buys on MODEL: the step traced with it applied, next to the baseline.
 
     Each row is a trace of the transformed step (PyTorch models; gradient checkpointing, in-place
-    activations and gradient accumulation so far), with the bytes saved at the peak and the FLOPs the
-    technique adds. Without --checkpoint or --technique, every technique that applies is compared.
+    activations, gradient accumulation and the optimizer step inside backward so far), with the bytes saved
+    at the peak and the FLOPs the technique adds. Without --checkpoint or --technique, every technique that
+    applies is compared.
     """
     asked = [f"checkpoint:{p}" for p in plans] + list(extra)
     result = nnmem.what_if(model, batch=batch, input_shape=input_shape or None, mode=mode.lower(),

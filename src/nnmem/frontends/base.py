@@ -40,6 +40,8 @@ class StepRequest:
             ``batch`` are one micro-batch); 1: none.
         checkpoint: a gradient-checkpointing plan applied to the model for the step ("blocks", "every:K",
             "sqrt", "NAME[,NAME...]"); None: none.
+        optimizer_in_backward: each parameter is updated, and its gradient freed, inside backward (one
+            optimizer per parameter, ``register_post_accumulate_grad_hook``).
     """
 
     model: Any
@@ -54,6 +56,7 @@ class StepRequest:
     name: str = ""
     accumulate: int = 1
     checkpoint: str | None = None
+    optimizer_in_backward: bool = False
 
     def with_(self, **changes: Any) -> StepRequest:
         """A copy with ``changes`` (requests are immutable)."""

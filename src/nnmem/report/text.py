@@ -67,6 +67,8 @@ def _header(report: Report) -> str:
         batch += f" per micro-batch, {report.meta['accumulate']} accumulated per optimizer step"
     if report.meta.get("checkpoint"):
         batch += f" · checkpoint: {report.meta['checkpoint']}"
+    if report.meta.get("optimizer_in_backward"):
+        batch += " · optimizer step in backward"
     lines = [
         f"nnmem {report.source} — model {report.model} ({report.framework})",
         f"  mode: {report.mode} · optimizer: {optimizer} · device: {report.device} · batch: {batch}",

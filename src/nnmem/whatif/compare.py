@@ -5,8 +5,9 @@ Each row is a real trace of the transformed step (the technique applied to the m
 step), never a rule of thumb. The extra compute is counted with ``torch.utils.flop_counter.FlopCounterMode``
 over a fake trace of the same step: the recomputed forwards of checkpointing show up as more FLOPs in the step.
 Techniques so far, on PyTorch models: gradient checkpointing (:mod:`nnmem.frontends.pytorch.checkpointing`),
-in-place activations (:mod:`nnmem.frontends.pytorch.inplace`) and gradient accumulation (``estimate(...,
-accumulate=K)`` on a micro-batch).
+in-place activations (:mod:`nnmem.frontends.pytorch.inplace`), gradient accumulation (``estimate(...,
+accumulate=K)`` on a micro-batch) and the optimizer step inside backward
+(:mod:`nnmem.frontends.pytorch.optimizer_in_backward`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointi
            "checkpoint_plan"]
 
 TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]", "inplace",
-              "accumulate:K")
+              "accumulate:K", "optimizer-in-backward")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "inplace", "accumulate:2",
-                      "accumulate:4")
+                      "accumulate:4", "optimizer-in-backward")
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         techniques: e.g. ``["checkpoint:blocks", "checkpoint:every:2", "inplace", "accumulate:4"]``
             (:data:`TECHNIQUES`); None: every one that applies to the model. ``accumulate:K`` is the same
             batch in K micro-batches (one optimizer step, gradients summed): the same FLOPs, K smaller steps.
+            ``optimizer-in-backward`` updates each parameter inside backward and frees its gradient there.
         budget: bytes or a size text: also find the largest training and inference batch with each technique.
 
     Raises:
@@ -243,12 +245,21 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         return TechniqueRow(technique, f"{k} micro-batches of {micro}, gradients summed between them",
                             report, baseline.flops)
 
+    def in_backward(technique: str) -> TechniqueRow:
+        if mode != "train":
+            raise UnsupportedError("the optimizer step changes training only")
+        if progress:
+            progress(f"tracing {technique}")
+        report = estimate(torch_model, inputs, optimizer_in_backward=True, **step)
+        return TechniqueRow(technique, "each parameter updated, and its gradient freed, inside backward",
+                            report, baseline.flops)
+
     baseline = row("baseline", "the step as it is")
     rows, skipped = [], []
     for technique in asked or DEFAULT_TECHNIQUES:
-        if technique.startswith("accumulate:"):
+        if technique.startswith("accumulate:") or technique == "optimizer-in-backward":
             try:
-                rows.append(accumulated(technique))
+                rows.append(accumulated(technique) if technique.startswith("accumulate:") else in_backward(technique))
             except UnsupportedError as err:
                 if asked is not None:
                     raise
@@ -317,4 +328,7 @@ def apply_technique(model: Any, technique: str) -> Any:
     if kind == "accumulate":
         raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
                           f"accumulate=K on one micro-batch")
+    if kind == "optimizer-in-backward":
+        raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
+                          f"optimizer_in_backward=True")
     raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")

@@ -95,9 +95,9 @@ class KerasFrontend:
 
     def load(self, request: StepRequest) -> StepRequest:
         _check_device(request.device)
-        if request.accumulate > 1 or request.checkpoint is not None:
-            raise UnsupportedError("gradient accumulation and checkpoint plans are estimated for PyTorch models so "
-                                   "far, not for Keras ones")
+        if request.accumulate > 1 or request.checkpoint is not None or request.optimizer_in_backward:
+            raise UnsupportedError("gradient accumulation, checkpoint plans and the optimizer in backward are "
+                                   "estimated for PyTorch models so far, not for Keras ones")
         if isinstance(request.model, str) and request.model.endswith(".keras"):
             return request.with_(model=load_file(request.model))
         return request

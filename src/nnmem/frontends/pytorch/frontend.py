@@ -136,11 +136,14 @@ class PyTorchFrontend:
         with _checkpointed(request):
             trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
                                     optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
-                                    rules=rules, meta=meta, micro_steps=min(request.accumulate, 2))
+                                    rules=rules, meta=meta, micro_steps=min(request.accumulate, 2),
+                                    in_backward=request.optimizer_in_backward)
         if request.accumulate > 1:
             trace.meta["accumulate"] = request.accumulate
         if request.checkpoint is not None:
             trace.meta["checkpoint"] = request.checkpoint
+        if request.optimizer_in_backward:
+            trace.meta["optimizer_in_backward"] = True
         if rules.notes:  # kernel paths this CPU takes that no rule models: a CPU report says so
             trace.meta["unmodelled"] = "\n".join(rules.notes)
         return request, trace, notes
@@ -210,7 +213,8 @@ class PyTorchFrontend:
                 inputs = fake_copy(inputs)
             return measure_step(real.model, inputs, mode=real.mode, optimizer=real.optimizer, loss_fn=real.loss_fn,
                                 target=real.target, name=real.name, device=real.device,
-                                meta=_meta(real), micro_steps=min(real.accumulate, 2)).to_dict()
+                                meta=_meta(real), micro_steps=min(real.accumulate, 2),
+                                in_backward=real.optimizer_in_backward).to_dict()
 
         return Report.from_dict(run_in_child(work, timeout_s=timeout_s))
 

@@ -29,10 +29,10 @@ WARMUP = {"train": 2, "infer": 1}
 
 def measure_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
                  loss_fn: Callable[..., Any] | None, target: Any, name: str, device: str,
-                 meta: dict[str, object], micro_steps: int = 1) -> Report:
+                 meta: dict[str, object], micro_steps: int = 1, in_backward: bool = False) -> Report:
     """Run the step for real and report both levels (call it inside a child process; ``micro_steps``: see
-    :func:`.step.run_step`)."""
-    opt = prepare_step(model, mode, optimizer)
+    :func:`.step.run_step`; ``in_backward``: :func:`.step.prepare_step`)."""
+    opt = prepare_step(model, mode, optimizer, in_backward)
     step = {"mode": mode, "opt": opt, "loss_fn": loss_fn, "target": target, "micro_steps": micro_steps}
     for _ in range(WARMUP[mode]):
         run_step(model, inputs, **step)
@@ -85,7 +85,7 @@ def allocator_rise(prof: Any) -> int:
 
 
 def _live_storage_bytes(model: torch.nn.Module, inputs: Any, target: Any,
-                        opt: torch.optim.Optimizer | None) -> int:
+                        opt: Any) -> int:
     tensors: list[Any] = [*model.parameters(), *model.buffers()]
     tensors += [p.grad for p in model.parameters() if p.grad is not None]
     if opt is not None:

@@ -7,7 +7,7 @@ loss.backward(); opt.step()`` in steady state. Infer: ``model.eval()`` and ``tor
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +96,7 @@ def _call(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Any:
         raise TraceError(f"the model rejected inputs [{shapes}]: {first}") from err
 
 
-def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt: torch.optim.Optimizer | None,
+def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt: Any,
              loss_fn: Callable[..., Any] | None, target: Any, tracker: StepTracker | None = None,
              micro_steps: int = 1) -> None:
     """Run one train or infer step exactly as the contract in DESIGN.md says.
@@ -114,6 +114,7 @@ def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt:
         del out
         return
     assert opt is not None
+    in_backward = hasattr(opt, "hooks")  # the optimizer steps inside backward (optimizer_in_backward)
     begin(Phase.FORWARD)
     opt.zero_grad(set_to_none=True)
     for _ in range(micro_steps):  # as a user's loop: the last output and loss live through the next forward
@@ -126,9 +127,11 @@ def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt:
         if micro_steps > 1:
             loss = loss / micro_steps
         begin(Phase.BACKWARD)
-        loss.backward()
-    begin(Phase.OPTIMIZER)
-    opt.step()
+        with opt.hooks() if in_backward else nullcontext():
+            loss.backward()
+    if not in_backward:
+        begin(Phase.OPTIMIZER)
+        opt.step()
     del loss, out
 
 
@@ -167,19 +170,24 @@ def fake_copy(value: Any) -> Any:
     return value
 
 
-def prepare_step(model: torch.nn.Module, mode: str, optimizer: Any) -> torch.optim.Optimizer | None:
-    """Put the model in train or eval mode and build the optimizer (None for inference)."""
+def prepare_step(model: torch.nn.Module, mode: str, optimizer: Any, in_backward: bool = False) -> Any:
+    """Put the model in train or eval mode and build the optimizer (None for inference; with ``in_backward``
+    one per parameter, stepped inside backward: :class:`.optimizer_in_backward.PerParameter`)."""
     model.train(mode == "train")
     if mode != "train":
         return None
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ConfigError("mode='train' needs trainable parameters, but every parameter has requires_grad=False")
+    if in_backward:
+        from nnmem.frontends.pytorch.optimizer_in_backward import PerParameter
+
+        return PerParameter(params, lambda group: make_optimizer(optimizer, group))
     return make_optimizer(optimizer, params)
 
 
 def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str,
-                   opt: torch.optim.Optimizer | None, loss_fn: Callable[..., Any] | None, target: Any,
+                   opt: Any, loss_fn: Callable[..., Any] | None, target: Any,
                    rules: OpRules | None = None, meta: dict[str, object] | None = None,
                    micro_steps: int = 1) -> Trace:
     """Trace one step of a model whose optimizer is already in steady state (``micro_steps``: see
@@ -206,7 +214,7 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
 def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
                     loss_fn: Callable[..., Any] | None, target: Any,
                     rules: OpRules | None = None, meta: dict[str, object] | None = None,
-                    micro_steps: int = 1) -> Trace:
+                    micro_steps: int = 1, in_backward: bool = False) -> Trace:
     """Trace one step under FakeTensorMode: nothing model-sized is allocated.
 
     Parameters, buffers, inputs and optimizer state are replaced by fake tensors for the trace (the
@@ -218,11 +226,13 @@ def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: st
     where they differ).
     """
     trace, values = _trace_fake(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                                rules=rules, meta=meta, routing=ROUTINGS[0], micro_steps=micro_steps)
+                                rules=rules, meta=meta, routing=ROUTINGS[0], micro_steps=micro_steps,
+                                in_backward=in_backward)
     notes = [guess_note(values.guesses)] if values.guesses else []
     if values.routed:
         other, _ = _trace_fake(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
-                               rules=rules, meta=meta, routing=ROUTINGS[1], micro_steps=micro_steps)
+                               rules=rules, meta=meta, routing=ROUTINGS[1], micro_steps=micro_steps,
+                               in_backward=in_backward)
         peaks = [simulate(t).peaks for t in (trace, other)]
         if peaks[0] != peaks[1]:
             notes.append(routing_note(peaks[0], peaks[1]))
@@ -235,7 +245,8 @@ def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: st
 
 def _trace_fake(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
                 loss_fn: Callable[..., Any] | None, target: Any, rules: OpRules | None,
-                meta: dict[str, object] | None, routing: str, micro_steps: int = 1) -> tuple[Trace, RealValues]:
+                meta: dict[str, object] | None, routing: str, micro_steps: int = 1,
+                in_backward: bool = False) -> tuple[Trace, RealValues]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     small = {id(b): b.detach().clone() for b in model.buffers() if not b.is_meta and b.numel() <= COMPUTE_LIMIT}
@@ -244,12 +255,14 @@ def _trace_fake(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, o
     swap = _swapped(model, lambda t: small[id(t)] if id(t) in small else fake_copy(t))
     with FakeTensorMode(allow_non_fake_inputs=True), swap, values, packed_sequences():
         inputs, target = tree_map(lambda t: t.fake() if isinstance(t, _Pending) else t, (inputs, target))
-        opt = prepare_step(model, mode, optimizer)
+        opt = prepare_step(model, mode, optimizer, in_backward)
         if opt is not None:
             for group in opt.param_groups:
                 for p in group["params"]:
                     p.grad = torch.zeros_like(p)
             opt.step()
+            if in_backward:  # its previous step freed every gradient inside backward
+                opt.zero_grad(set_to_none=True)
         trace = trace_prepared(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target,
                                rules=rules, meta=dict(meta or {}), micro_steps=micro_steps)
     return trace, values
@@ -291,7 +304,7 @@ def _owners(model: torch.nn.Module) -> dict[int, str]:
 
 
 def _register_resident(tracker: StepTracker, model: torch.nn.Module, inputs: tuple[Any, ...], target: Any,
-                       opt: torch.optim.Optimizer | None, owner: dict[int, str]) -> None:
+                       opt: Any, owner: dict[int, str]) -> None:
     for p in model.parameters():
         tracker.add_resident(p, Category.PARAMETERS, owner.get(id(p), ""))
         if p.grad is not None:
