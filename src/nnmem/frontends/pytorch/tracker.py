@@ -69,6 +69,7 @@ class StepTracker(TorchDispatchMode):
         self._ops: list[list[Any]] = []  # [name, phase, layer, alloc_bytes, free_bytes, workspace]
         self._stack: list[str] = []
         self._node_layer: dict[int, str] = {}
+        self._entry_seq: list[int] = []  # autograd's sequence number when each running module started
         self._layer_out: dict[str, int] = {}
         self.phase = Phase.SETUP
         self.training = True
@@ -99,12 +100,32 @@ class StepTracker(TorchDispatchMode):
 
     def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         self._stack.append(self._names.get(id(module), self._stack[-1] if self._stack else ""))
+        self._entry_seq.append(torch._C._autograd._get_sequence_nr())
 
     def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         layer = self._stack.pop() if self._stack else ""
+        entry = self._entry_seq.pop() if self._entry_seq else 0
+        if self.phase is Phase.FORWARD:
+            self._name_nodes(output, layer, entry)
         if self.phase is Phase.FORWARD and id(module) in self._names:
             nbytes = sum(t.untyped_storage().nbytes() for t in _tensors(output))
             self._layer_out[layer] = self._layer_out.get(layer, 0) + nbytes
+
+    def _name_nodes(self, output: Any, layer: str, entry: int) -> None:
+        """Name the autograd nodes the module's forward made (sequence number from ``entry`` on, reached from
+        its outputs) after it, unless an inner module named them first: backward ops run inside those nodes
+        and are named after the layer whose forward made them. (The tracker's dispatch mode runs below
+        autograd, where an op's outputs have no ``grad_fn`` yet.)"""
+        names, seen = self._node_layer, set()
+        pending = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        while pending:
+            node = pending.pop()
+            seq = node._sequence_nr()
+            if seq < entry or seq in seen:
+                continue
+            seen.add(seq)
+            names.setdefault(seq, layer)
+            pending.extend(n for n, _ in node.next_functions if n is not None)
 
     def _current_layer(self) -> str:
         if self.phase is Phase.BACKWARD:
@@ -136,10 +157,6 @@ class StepTracker(TorchDispatchMode):
             out_block = self.block_of(fresh[0][1])
             if out_block is not None and not args[0]._is_view():  # see _accumulate_in_place
                 self._adds.append((index, out_block, self.block_of(args[0]), self.block_of(args[1])))
-        if self.phase is Phase.FORWARD:
-            for tensor in tensors:
-                if tensor.grad_fn is not None:
-                    self._node_layer[tensor.grad_fn._sequence_nr()] = layer
         return out
 
     def _register(self, tensor: torch.Tensor, category: Category | None, layer: str, phase: Phase,
@@ -248,3 +265,4 @@ def _default_category(state: _BlockState, mode: str, forward_end: int) -> Catego
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+
