@@ -36,6 +36,7 @@ from nnmem.whatif.compare import (
     what_if,
 )
 from nnmem.whatif.explain import Explanation, ModeFigures
+from nnmem.whatif.plan import MemoryPlan, PlanRow, optimal_checkpointing, plan
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,7 @@ __all__ = [
     "FitResult",
     "Fits",
     "LayerRow",
+    "MemoryPlan",
     "Level",
     "MeasureError",
     "MissingFrameworkError",
@@ -58,6 +60,7 @@ __all__ = [
     "ModelLoadError",
     "NnmemError",
     "Phase",
+    "PlanRow",
     "Report",
     "TechniqueRow",
     "TimelinePoint",
@@ -78,6 +81,8 @@ __all__ = [
     "max_batch",
     "measure",
     "micro_batches",
+    "optimal_checkpointing",
     "parse_size",
+    "plan",
     "what_if",
 ]

@@ -20,6 +20,7 @@ import click
 import nnmem
 from nnmem import optimizers
 from nnmem._api import MODES
+from nnmem.report.plan_text import render_plan
 from nnmem.report.text import (
     render_budget,
     render_comparison,
@@ -334,6 +335,37 @@ def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mod
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
     click.echo(render_whatif(result, width=_width()), nl=False)
+
+
+@cli.command(name="plan")
+@click.argument("model")
+@click.option("--budget", type=SizeType(), required=True, metavar="SIZE",
+              help="The memory the training step must fit, e.g. 8GiB.")
+@click.option("--batch", type=PositiveIntType(), default=DEFAULT_BATCH, show_default=True,
+              help="Batch size per optimizer step; the factory is called as factory(batch).")
+@click.option("--input-shape", "input_shape", type=ShapeType(), multiple=True, metavar="D1,D2,...",
+              help="Input shape without the batch; repeat once per input.")
+@click.option("--optimizer", type=click.Choice(_ALL_OPTIMIZERS, case_sensitive=False), default=None,
+              help=_OPTIMIZER_HELP)
+@click.option("--verify", is_flag=True, help="Apply the chosen plan for real and measure the step (child process).")
+@click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
+def plan_command(model: str, budget: int, batch: int, input_shape: tuple[tuple[int, ...], ...],
+                 optimizer: str | None, verify: bool, as_json: bool) -> None:
+    """The cheapest combination of techniques whose training step on MODEL fits --budget, and the others.
+
+    Combines in-place activations, the optimizer inside backward, gradient accumulation and the optimal
+    gradient-checkpointing plan (an exact search over the model's blocks); every peak is a trace of the
+    step with the techniques applied. PyTorch models.
+    """
+    result = nnmem.plan(model, budget=budget, batch=batch, input_shape=input_shape or None,
+                        optimizer=_opt(optimizer), verify=verify, progress=_progress())
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        click.echo(render_plan(result, width=_width()), nl=False)
+    if result.measured is not None and result.measured.peak_bytes > budget:
+        raise nnmem.BudgetError(f"the chosen plan measured {result.measured.peak_bytes:,} B, over the budget of "
+                                f"{budget:,} B")
 
 
 @cli.command()

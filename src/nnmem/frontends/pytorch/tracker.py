@@ -84,6 +84,8 @@ class StepTracker(TorchDispatchMode):
     def begin(self, phase: Phase) -> None:
         """Start a phase; the first call opens the step with a marker op that collects early frees."""
         self.phase = phase
+        self._stack.clear()  # a recomputation that stopped early (checkpoint) leaves no layer open
+        self._entry_seq.clear()
         if not self._ops:
             self._ops.append(["<step start>", phase, "", 0, 0, 0])
 
@@ -99,15 +101,18 @@ class StepTracker(TorchDispatchMode):
             post.remove()
 
     def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+        if self.phase is not Phase.FORWARD:  # backward ops are named by their autograd node, not the stack;
+            return  # checkpoint's recomputation may stop before its modules' post-hooks run
         self._stack.append(self._names.get(id(module), self._stack[-1] if self._stack else ""))
         self._entry_seq.append(torch._C._autograd._get_sequence_nr())
 
     def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.phase is not Phase.FORWARD:
+            return
         layer = self._stack.pop() if self._stack else ""
         entry = self._entry_seq.pop() if self._entry_seq else 0
-        if self.phase is Phase.FORWARD:
-            self._name_nodes(output, layer, entry)
-        if self.phase is Phase.FORWARD and id(module) in self._names:
+        self._name_nodes(output, layer, entry)
+        if id(module) in self._names:
             nbytes = sum(t.untyped_storage().nbytes() for t in _tensors(output))
             self._layer_out[layer] = self._layer_out.get(layer, 0) + nbytes
 

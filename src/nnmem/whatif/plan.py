@@ -1,0 +1,367 @@
+"""A plan for a budget: the combinations of memory-saving techniques whose traced training step fits, as a Pareto
+table of peak against extra compute, the cheapest first, optionally verified by a real run.
+
+Each candidate combines in-place activations (where the model has safe candidates), one step variant (as it
+is, the optimizer inside backward, or the batch in K micro-batches) and, where that does not fit, the optimal
+gradient-checkpointing plan of the model's chain under the budget
+(:mod:`nnmem.frontends.pytorch.checkpoint_search`: an exact search, then a trace of the plan). Every peak in
+the table is a trace of the transformed step. Cost is the recomputed FLOPs (``FlopCounterMode``), then the
+number of micro-batches (the same FLOPs in smaller, slower kernels), then the peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from nnmem.errors import ConfigError, UnsupportedError
+from nnmem.report.model import Report
+
+__all__ = ["MemoryPlan", "PlanRow", "optimal_checkpointing", "plan"]
+
+_MICRO_BATCHES = (2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One combination of techniques, traced.
+
+    Attributes:
+        techniques: what is applied, e.g. ("inplace", "accumulate:2", "checkpoint:blocks.0,blocks.1").
+        report: the traced step (per micro-batch with accumulation).
+        extra_flops: FLOPs recomputed per optimizer step. baseline_flops: the step's FLOPs as it is.
+        micro_batches: micro-batches per optimizer step (1: none).
+        fits: the traced peak is within the budget.
+    """
+
+    techniques: tuple[str, ...]
+    report: Report
+    extra_flops: int
+    baseline_flops: int
+    micro_batches: int
+    fits: bool
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.report.peak_bytes
+
+    @property
+    def extra_compute(self) -> float:
+        return self.extra_flops / self.baseline_flops if self.baseline_flops else 0.0
+
+    @property
+    def cost(self) -> tuple[int, int, int]:
+        return (self.extra_flops, self.micro_batches, self.peak_bytes)
+
+    def label(self) -> str:
+        return " + ".join(self.techniques) if self.techniques else "as it is"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"techniques": list(self.techniques), "peak_bytes": self.peak_bytes, "peaks": dict(self.report.peaks),
+                "extra_flops": self.extra_flops, "extra_compute": self.extra_compute,
+                "micro_batches": self.micro_batches, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The candidates for a budget and the chosen one.
+
+    Attributes:
+        front: the fitting candidates no other fitting one beats on both cost and peak, cheapest first.
+        chosen: the cheapest fitting candidate (``front[0]``).
+        rows: every candidate traced, cheapest first (fitting or not).
+        measured: with ``verify``: the chosen plan's step measured for real (a child process).
+        notes: what was not tried and why.
+    """
+
+    model: str
+    batch: int
+    budget_bytes: int
+    level: str
+    baseline: PlanRow
+    rows: tuple[PlanRow, ...]
+    front: tuple[PlanRow, ...]
+    chosen: PlanRow
+    measured: Report | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def code(self, row: PlanRow | None = None) -> str:
+        """Python that applies ``row`` (default: the chosen plan) to the user's ``model`` and training loop."""
+        row = row or self.chosen
+        kinds = {t.partition(":")[0]: t.partition(":")[2] for t in row.techniques}
+        lines = ["import nnmem"] if {"inplace", "checkpoint"} & set(kinds) else []
+        if "inplace" in kinds:
+            lines.append('nnmem.apply_technique(model, "inplace")  # activations and dropout in place')
+        if "checkpoint" in kinds:
+            lines.append(f"nnmem.apply_checkpointing(model, {kinds['checkpoint']!r})  # recomputed in backward")
+        if "optimizer-in-backward" in kinds:
+            lines += ["# one optimizer per parameter, stepped as soon as its gradient is ready",
+                      "optimizers = {p: make_optimizer([p]) for p in model.parameters()}",
+                      "def _step(p):",
+                      "    optimizers[p].step()",
+                      "    optimizers[p].zero_grad(set_to_none=True)",
+                      "for p in model.parameters():",
+                      "    p.register_post_accumulate_grad_hook(_step)",
+                      "# the loop: loss.backward() only; no optimizer.step()"]
+        if "accumulate" in kinds:
+            k = int(kinds["accumulate"])
+            lines += [f"# {k} micro-batches of {self.batch // k} per optimizer step (a loader of batch "
+                      f"{self.batch // k})",
+                      "for i, (x, y) in enumerate(loader):",
+                      f"    (loss_fn(model(x), y) / {k}).backward()",
+                      f"    if (i + 1) % {k} == 0:",
+                      "        optimizer.step()",
+                      "        optimizer.zero_grad(set_to_none=True)"]
+        return "\n".join(lines) if lines else "# nothing to change: the step fits as it is"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "batch": self.batch, "budget_bytes": self.budget_bytes, "level": self.level,
+                "baseline": self.baseline.to_dict(), "chosen": self.chosen.to_dict(), "code": self.code(),
+                "front": [r.to_dict() for r in self.front], "candidates": [r.to_dict() for r in self.rows],
+                "measured_peak_bytes": self.measured.peak_bytes if self.measured is not None else None,
+                "measured_fits": (self.measured.peak_bytes <= self.budget_bytes) if self.measured is not None
+                else None, "notes": list(self.notes)}
+
+
+def _beats(a: PlanRow, b: PlanRow) -> bool:
+    """``a`` is no worse than ``b`` in recomputed FLOPs, micro-batches and peak, and better in one."""
+    return a.cost != b.cost and all(x <= y for x, y in zip(a.cost, b.cost))
+
+
+def _pareto(rows: list[PlanRow]) -> list[PlanRow]:
+    """The rows no other row beats (:func:`_beats`), cheapest first."""
+    return sorted((r for r in rows if not any(_beats(o, r) for o in rows)), key=lambda r: r.cost)
+
+
+def _useful(rows: list[PlanRow]) -> list[PlanRow]:
+    """The rows without a technique that changes nothing: a row goes where a row with fewer of its techniques
+    has the same cost and peak (e.g. in-place activations on a model whose peak they do not touch)."""
+    return [r for r in rows
+            if not any(set(o.techniques) < set(r.techniques) and all(x <= y for x, y in zip(o.cost, r.cost))
+                       for o in rows)]
+
+
+def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = None, mode: str = "train",
+         optimizer: Any = None, loss_fn: Callable[..., Any] | None = None, target: Any = None,
+         input_shape: Any = None, verify: bool = False,
+         progress: Callable[[str], None] | None = None) -> MemoryPlan:
+    """The cheapest combination of techniques whose training step fits ``budget``, and the others that fit.
+
+    Args:
+        model: a ``torch.nn.Module`` with ``inputs``, or a MODEL spec (built at ``batch`` on the meta device).
+        budget: bytes or a size text ("8GiB"): the peak at the report's level must be within it.
+        verify: apply the chosen plan for real and measure the step in a child process (``measured``).
+
+    Raises:
+        ConfigError: no combination fits (the message names the smallest peak reached and how).
+        UnsupportedError: inference (no technique here changes it but in-place: use ``what_if``), or a Keras
+            model.
+
+    Example:
+        >>> p = nnmem.plan("gpt", budget="40MiB", batch=32)  # doctest: +SKIP
+        >>> p.chosen.techniques, p.chosen.peak_bytes  # doctest: +SKIP
+    """
+    from nnmem import estimate
+    from nnmem.frontends.pytorch.checkpoint_search import calibrate, optimal_checkpoint
+    from nnmem.frontends.pytorch.checkpointing import CheckpointPlan, step_flops
+    from nnmem.units import format_bytes, parse_size
+    from nnmem.whatif.chain_dp import solve
+    from nnmem.whatif.compare import _build, _first
+
+    if mode != "train":
+        raise UnsupportedError("a plan covers training steps (checkpointing, accumulation and the optimizer in "
+                               "backward change training only); for inference see `nnmem whatif --mode infer`")
+    budget_bytes = parse_size(budget)
+    torch_model, inputs, target, loss_fn = _build(model, inputs, batch, target, loss_fn, input_shape)
+    name = model if isinstance(model, str) else type(torch_model).__name__
+    common: dict[str, Any] = {"optimizer": optimizer, "loss_fn": loss_fn}
+    say = progress or (lambda message: None)
+
+    def trace(variant: dict[str, Any], checkpoint: CheckpointPlan | None) -> Report:
+        k = variant.get("accumulate", 1)
+        full = batch if inputs is None else None
+        micro_inputs = inputs if k == 1 or inputs is None else _first(inputs, base_batch // k)
+        micro_target = target if k == 1 else _first(target, base_batch // k)
+        return estimate(torch_model, micro_inputs, target=micro_target, mode="train",
+                        batch=None if micro_inputs is not None else (full // k if full else None),
+                        checkpoint=",".join(checkpoint.modules) if checkpoint and checkpoint.modules else None,
+                        **common, **variant)
+
+    say("tracing the step as it is")
+    plain = trace({}, None)
+    base_batch = plain.batch or batch or 1
+    baseline_flops = step_flops(lambda: trace({}, None))
+    baseline = PlanRow((), plain, 0, baseline_flops, 1, plain.peak_bytes <= budget_bytes)
+
+    inplace_names: list[str] = []
+    try:
+        from nnmem.frontends.pytorch.inplace import inplace_candidates
+
+        inplace_names = inplace_candidates(torch_model)
+    except UnsupportedError:
+        pass
+    variants: list[tuple[str | None, dict[str, Any]]] = [(None, {}), ("optimizer-in-backward",
+                                                                       {"optimizer_in_backward": True})]
+    variants += [(f"accumulate:{k}", {"accumulate": k}) for k in _MICRO_BATCHES if base_batch % k == 0]
+    notes: list[str] = []
+    rows: list[PlanRow] = [baseline]
+    chain_error: str | None = None
+    for inplace in ([False, True] if inplace_names else [False]):
+        for label, variant in variants:
+            techniques = (("inplace",) if inplace else ()) + ((label,) if label else ())
+            with _inplace(torch_model, inplace_names if inplace else []):
+                micro = variant.get("accumulate", 1)
+                if techniques:
+                    say(f"tracing {' + '.join(techniques)}")
+                    report = trace(variant, None)
+                    rows.append(PlanRow(techniques, report, 0, baseline_flops, micro,
+                                        report.peak_bytes <= budget_bytes))
+                    if techniques == ("inplace",) and report.peak_bytes == plain.peak_bytes:
+                        notes.append("in-place activations change nothing at this step's peak: not combined")
+                        break
+                    if report.peak_bytes <= budget_bytes:
+                        continue
+                elif plain.peak_bytes <= budget_bytes:
+                    continue
+                if chain_error is not None:
+                    continue
+                say(f"searching the optimal checkpoint plan{' with ' + ' + '.join(techniques) if techniques else ''}")
+                traced, counted = _bound(trace, variant)
+                try:
+                    cal = calibrate(torch_model, traced, counted)
+                except UnsupportedError as err:
+                    chain_error = str(err)
+                    notes.append(f"checkpointing not searched: {err}")
+                    continue
+                best = optimal_checkpoint(torch_model, budget_bytes, traced, counted, calibration=cal)
+                if best is None:  # the lowest the chain reaches, traced, for the error message
+                    lowest = min(solve(cal.model), key=lambda c: c.peak)
+                    if lowest.blocks:
+                        names = tuple(cal.blocks[j] for j in lowest.blocks)
+                        report = trace(variant, CheckpointPlan("optimal", names))
+                        rows.append(PlanRow((*techniques, f"checkpoint:{','.join(names)}"), report, lowest.flops,
+                                            baseline_flops, micro, report.peak_bytes <= budget_bytes))
+                    continue
+                if best.plan.modules:
+                    rows.append(PlanRow((*techniques, f"checkpoint:{','.join(best.plan.modules)}"), best.report,
+                                        best.extra_flops, baseline_flops, micro, True))
+    rows = sorted(_useful(rows), key=lambda r: r.cost)
+    fitting = [r for r in rows if r.fits]
+    if not fitting:
+        smallest = min(rows, key=lambda r: r.peak_bytes)
+        raise ConfigError(f"no plan fits {format_bytes(budget_bytes)}; the smallest peak found is "
+                          f"{format_bytes(smallest.peak_bytes)}: {smallest.label()}"
+                          + (f" ({notes[0]})" if notes else "") + "; try a smaller --batch or a larger budget")
+    front = _pareto(fitting)
+    chosen = front[0]
+    measured = None
+    if verify:
+        say(f"measuring {chosen.label()} for real")
+        measured = _measure(model, torch_model, inputs, target, loss_fn, optimizer, base_batch, chosen,
+                            inplace_names)
+    return MemoryPlan(name, base_batch, budget_bytes, plain.level, baseline, tuple(rows), tuple(front), chosen,
+                      measured, tuple(notes))
+
+
+def _bound(trace: Callable[[dict[str, Any], Any], Report], variant: dict[str, Any]) -> tuple[
+        Callable[[Any], Report], Callable[[Any], dict[str, dict[Any, int]]]]:
+    """The step of one variant traced with a checkpoint plan, and its FLOPs per module."""
+
+    def traced(plan: Any) -> Report:
+        return trace(variant, plan)
+
+    def counted(plan: Any) -> dict[str, dict[Any, int]]:
+        return _flop_counts(lambda: trace(variant, plan))
+
+    return traced, counted
+
+
+def _inplace(model: Any, names: list[str]) -> AbstractContextManager[Any]:
+    if not names:
+        return nullcontext()
+    from nnmem.frontends.pytorch.inplace import in_place
+
+    return in_place(model, names)
+
+
+def _flop_counts(run: Callable[[], object]) -> dict[str, dict[Any, int]]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        run()
+    return dict(counter.get_flop_counts())
+
+
+def _measure(model: Any, torch_model: Any, inputs: Any, target: Any, loss_fn: Any, optimizer: Any, batch: int,
+             row: PlanRow, inplace_names: list[str]) -> Report:
+    """The chosen plan's step measured for real in a child process."""
+    from nnmem import measure
+    from nnmem.whatif.compare import _first
+
+    kwargs: dict[str, Any] = {"optimizer": optimizer, "mode": "train"}
+    inplace = False
+    for technique in row.techniques:
+        kind, _, argument = technique.partition(":")
+        if kind == "checkpoint":
+            kwargs["checkpoint"] = argument
+        elif kind == "accumulate":
+            kwargs["accumulate"] = int(argument)
+        elif kind == "optimizer-in-backward":
+            kwargs["optimizer_in_backward"] = True
+        elif kind == "inplace":
+            inplace = True
+    k = kwargs.get("accumulate", 1)
+    if isinstance(model, str) and not inplace:
+        return measure(model, batch=batch // k, **kwargs)
+    if isinstance(model, str):
+        raise UnsupportedError("--verify with in-place activations needs the model object (nnmem.plan(model, "
+                               "inputs, verify=True)): a MODEL spec is built in the measuring process")
+    with ExitStack() as stack:
+        stack.enter_context(_inplace(torch_model, inplace_names if inplace else []))
+        return measure(torch_model, _first(inputs, batch // k), target=_first(target, batch // k),
+                       loss_fn=loss_fn, **kwargs)
+
+
+
+def optimal_checkpointing(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = None,
+                          optimizer: Any = None, loss_fn: Callable[..., Any] | None = None, target: Any = None,
+                          input_shape: Any = None) -> Any:
+    """The gradient-checkpointing plan of ``model``'s chain that recomputes the fewest FLOPs with a training
+    peak within ``budget`` (an :class:`~nnmem.frontends.pytorch.checkpoint_search.OptimalCheckpoint`: ``plan``
+    for :func:`nnmem.apply_checkpointing`, ``peak_bytes`` from a trace of the step with it, ``extra_flops``,
+    ``front``: every Pareto-optimal plan of the chain). Exact: dynamic programming over the chain's blocks on a
+    memory model drawn from three traces (module :mod:`nnmem.whatif.chain_dp`).
+
+    Raises:
+        ConfigError: no plan of the chain's blocks fits the budget (the message gives the lowest peak).
+        UnsupportedError: the model has no chain of blocks, or it is not a PyTorch model.
+
+    Example:
+        >>> best = nnmem.optimal_checkpointing("gpt", budget="40MiB", batch=32)  # doctest: +SKIP
+        >>> nnmem.apply_checkpointing(model, best.plan)  # doctest: +SKIP
+    """
+    from nnmem import estimate
+    from nnmem.frontends.pytorch.checkpoint_search import calibrate, optimal_checkpoint
+    from nnmem.units import format_bytes, parse_size
+    from nnmem.whatif.chain_dp import solve
+    from nnmem.whatif.compare import _build
+
+    budget_bytes = parse_size(budget)
+    torch_model, inputs, target, loss_fn = _build(model, inputs, batch, target, loss_fn, input_shape)
+    step = {"optimizer": optimizer, "loss_fn": loss_fn, "target": target, "mode": "train",
+            "batch": batch if inputs is None else None}
+
+    def trace(p: Any) -> Report:
+        return estimate(torch_model, inputs, checkpoint=",".join(p.modules) if p and p.modules else None, **step)
+
+    cal = calibrate(torch_model, trace, lambda p: _flop_counts(lambda: trace(p)))
+    best = optimal_checkpoint(torch_model, budget_bytes, trace, lambda p: _flop_counts(lambda: trace(p)),
+                              calibration=cal)
+    if best is None:
+        lowest = min(solve(cal.model), key=lambda c: c.peak)
+        raise ConfigError(f"no checkpoint plan of {type(torch_model).__name__}'s {len(cal.blocks)} blocks fits "
+                          f"{format_bytes(budget_bytes)}; the lowest peak is about {format_bytes(lowest.peak)} "
+                          f"(checkpointing {len(lowest.blocks)} of them): combine techniques with nnmem.plan")
+    return best

@@ -1,0 +1,48 @@
+"""`nnmem plan`: the cheapest combination of techniques within a budget, measured for real with verify."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+import nnmem
+from nnmem.cli import cli
+
+
+def test_gpt_at_60_percent_of_its_peak_gets_a_plan_whose_real_run_fits() -> None:
+    baseline = nnmem.estimate("gpt", batch=32).peak_bytes
+    budget = int(0.6 * baseline)
+    plan = nnmem.plan("gpt", budget=budget, batch=32, verify=True)
+    assert plan.baseline.peak_bytes == baseline and not plan.baseline.fits
+    assert plan.chosen is plan.front[0] and plan.chosen.fits and plan.chosen.peak_bytes <= budget
+    assert plan.measured is not None and plan.measured.peak_bytes <= budget
+    assert abs(plan.chosen.peak_bytes - plan.measured.peak_bytes) <= 0.02 * plan.measured.peak_bytes
+    # the front: no fitting row is beaten on recomputed FLOPs, micro-batches and peak at once
+    for row in plan.front:
+        assert not any(o is not row and all(x <= y for x, y in zip(o.cost, row.cost)) and o.cost != row.cost
+                       for o in plan.rows if o.fits)
+    assert any(t.startswith("checkpoint:") for row in plan.front for t in row.techniques)
+    assert plan.code().strip()
+
+
+def test_plan_json_and_a_budget_nothing_reaches() -> None:
+    runner = CliRunner()
+    result = runner.invoke(cli, ["plan", "gpt", "--batch", "8", "--budget", "12MiB", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["chosen"]["fits"] and data["chosen"]["peak_bytes"] <= 12 * 2**20
+    assert data["baseline"]["peak_bytes"] > 12 * 2**20
+    result = runner.invoke(cli, ["plan", "gpt", "--batch", "8", "--budget", "1MiB"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("nnmem: error: no plan fits 1.00 MiB; the smallest peak found is ")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_plan_is_for_training() -> None:
+    try:
+        nnmem.plan("gpt", budget="1GiB", batch=8, mode="infer")
+    except nnmem.UnsupportedError as err:
+        assert "training" in str(err)
+    else:
+        raise AssertionError("expected UnsupportedError")
