@@ -11,6 +11,8 @@ number of micro-batches (the same FLOPs in smaller, slower kernels), then the pe
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
@@ -22,6 +24,15 @@ from nnmem.report.model import Report
 __all__ = ["MemoryPlan", "PlanRow", "optimal_checkpointing", "plan"]
 
 _MICRO_BATCHES = (2, 4, 8, 16)
+_INPLACE_FACTORY = """import nnmem
+from nnmem.loader import resolve_factory
+
+
+def make(batch):
+    built = resolve_factory({spec!r})(batch)
+    nnmem.apply_technique(built[0] if isinstance(built, tuple) else built, "inplace")
+    return built
+"""
 
 
 @dataclass(frozen=True)
@@ -315,9 +326,12 @@ def _measure(model: Any, torch_model: Any, inputs: Any, target: Any, loss_fn: An
     k = kwargs.get("accumulate", 1)
     if isinstance(model, str) and not inplace:
         return measure(model, batch=batch // k, **kwargs)
-    if isinstance(model, str):
-        raise UnsupportedError("--verify with in-place activations needs the model object (nnmem.plan(model, "
-                               "inputs, verify=True)): a MODEL spec is built in the measuring process")
+    if isinstance(model, str):  # the spec's factory, wrapped to apply in-place in the measuring process
+        with tempfile.TemporaryDirectory(prefix="nnmem-plan-") as folder:
+            path = os.path.join(folder, "inplace_factory.py")
+            with open(path, "w") as f:
+                f.write(_INPLACE_FACTORY.format(spec=model))
+            return measure(f"{path}:make", batch=batch // k, **kwargs)
     with ExitStack() as stack:
         stack.enter_context(_inplace(torch_model, inplace_names if inplace else []))
         return measure(torch_model, _first(inputs, batch // k), target=_first(target, batch // k),

@@ -126,7 +126,7 @@ class StepTracker(TorchDispatchMode):
         while pending:
             node = pending.pop()
             seq = node._sequence_nr()
-            if seq < entry or seq in seen:
+            if seq < entry or seq in seen or seq >= _LEAF_SEQUENCE_NR:  # AccumulateGrad: every leaf shares one
                 continue
             seen.add(seq)
             names.setdefault(seq, layer)
@@ -266,6 +266,9 @@ def _default_category(state: _BlockState, mode: str, forward_end: int) -> Catego
         saved = mode == "train" and (state.free_op < 0 or state.free_op > forward_end)
         return Category.SAVED_ACTIVATIONS if saved else Category.ACTIVATIONS
     return Category.TEMPORARIES
+
+
+_LEAF_SEQUENCE_NR = 2**63  # AccumulateGrad nodes carry UINT64_MAX, the highest priority in autograd's queue
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
