@@ -228,16 +228,15 @@ def traced_rng_states() -> Iterator[None]:
 
 @contextmanager
 def checkpointed(model: nn.Module, plan: CheckpointPlan | str) -> Iterator[CheckpointPlan]:
-    """``plan`` applied to ``model`` inside the block (and the generator states it keeps visible to a fake
-    trace: :func:`traced_rng_states`), the model as it was after it."""
+    """``plan`` applied to ``model`` inside the block, the model as it was after it (a fake trace sees the
+    generator states the regions keep: :func:`traced_rng_states`, in every trace)."""
     plan = _plan(model, plan)
     modules = dict(model.named_modules())
     touched = [modules[n] for n in (*plan.modules, *(n for n, _ in plan.segments))]
     saved = [m.__dict__.get("forward") for m in touched]
     apply_checkpointing(model, plan)
     try:
-        with traced_rng_states():
-            yield plan
+        yield plan
     finally:
         for module, forward in zip(touched, saved):
             if forward is None:

@@ -253,7 +253,11 @@ def _trace_fake(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, o
     inputs, target = tree_map(_real_or_fake, (tuple(inputs), target))
     values = RealValues(routing)
     swap = _swapped(model, lambda t: small[id(t)] if id(t) in small else fake_copy(t))
-    with FakeTensorMode(allow_non_fake_inputs=True), swap, values, packed_sequences():
+    from nnmem.frontends.pytorch.checkpointing import traced_rng_states
+
+    # traced_rng_states: checkpoint regions (nnmem's plans, or the model's own torch.utils.checkpoint calls, as
+    # in HuggingFace models with gradient checkpointing on) keep generator states the trace must see
+    with FakeTensorMode(allow_non_fake_inputs=True), swap, values, packed_sequences(), traced_rng_states():
         inputs, target = tree_map(lambda t: t.fake() if isinstance(t, _Pending) else t, (inputs, target))
         opt = prepare_step(model, mode, optimizer, in_backward)
         if opt is not None:
