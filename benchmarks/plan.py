@@ -6,7 +6,7 @@ techniques that fits and measures it in a child process. Printed: the plan, its 
 measured peaks, the error, and whether the real run is within the budget. A model no combination brings
 under the budget is listed with the lowest peak found.
 
-    python benchmarks/plan.py [--models gpt,resnet] [--batch 8] [--share 0.6] [--json out.json]
+    python benchmarks/plan.py [--models gpt,resnet] [--batch 8] [--share 0.6] [--techniques checkpoint,inplace]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def main() -> None:
     parser = zoo_parser(__doc__)
     parser.add_argument("--share", type=float, default=0.6)
     parser.add_argument("--optimizer", default="adam")
+    parser.add_argument("--techniques", default=None, help="the kinds a plan may combine (default: all)")
     args = parser.parse_args()
     print(f"{'model':14s} {'budget':>12s} {'predicted':>12s} {'measured':>12s} {'error':>8s} {'fits':>5s} "
           f"{'extra':>7s} {'s':>5s}  plan", flush=True)
@@ -37,7 +38,8 @@ def main() -> None:
         budget = int(args.share * baseline)
         started = time.perf_counter()
         try:
-            plan = nnmem.plan(model, budget=budget, batch=args.batch, optimizer=args.optimizer, verify=True)
+            plan = nnmem.plan(model, budget=budget, batch=args.batch, optimizer=args.optimizer,
+                              techniques=args.techniques, verify=True)
         except nnmem.ConfigError as err:
             print(f"{model:14s} {budget:>12,} no plan: {err}", flush=True)
             results.append({"model": model, "budget": budget, "plan": None, "reason": str(err)})

@@ -347,10 +347,13 @@ def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mod
               help="Input shape without the batch; repeat once per input.")
 @click.option("--optimizer", type=click.Choice(_ALL_OPTIMIZERS, case_sensitive=False), default=None,
               help=_OPTIMIZER_HELP)
+@click.option("--techniques", default=None, metavar="KIND[,KIND...]",
+              help="The kinds a plan may combine: checkpoint, inplace, accumulate, optimizer-in-backward "
+                   "[default: all].")
 @click.option("--verify", is_flag=True, help="Apply the chosen plan for real and measure the step (child process).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
 def plan_command(model: str, budget: int, batch: int, input_shape: tuple[tuple[int, ...], ...],
-                 optimizer: str | None, verify: bool, as_json: bool) -> None:
+                 optimizer: str | None, techniques: str | None, verify: bool, as_json: bool) -> None:
     """The cheapest combination of techniques whose training step on MODEL fits --budget, and the others.
 
     Combines in-place activations, the optimizer inside backward, gradient accumulation and the optimal
@@ -358,7 +361,7 @@ def plan_command(model: str, budget: int, batch: int, input_shape: tuple[tuple[i
     step with the techniques applied. PyTorch models.
     """
     result = nnmem.plan(model, budget=budget, batch=batch, input_shape=input_shape or None,
-                        optimizer=_opt(optimizer), verify=verify, progress=_progress())
+                        optimizer=_opt(optimizer), techniques=techniques, verify=verify, progress=_progress())
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:

@@ -26,6 +26,16 @@ def test_gpt_at_60_percent_of_its_peak_gets_a_plan_whose_real_run_fits() -> None
     assert plan.code().strip()
 
 
+def test_without_micro_batches_the_plan_checkpoints_and_its_real_run_fits() -> None:
+    budget = int(0.6 * nnmem.estimate("gpt", batch=32).peak_bytes)
+    plan = nnmem.plan("gpt", budget=budget, batch=32, techniques="checkpoint,inplace,optimizer-in-backward",
+                      verify=True)
+    assert all(r.micro_batches == 1 for r in plan.rows)
+    assert any(t.startswith("checkpoint:") for t in plan.chosen.techniques) and plan.chosen.extra_flops > 0
+    assert plan.measured is not None and plan.measured.peak_bytes <= budget
+    assert "apply_checkpointing" in plan.code()
+
+
 def test_plan_json_and_a_budget_nothing_reaches() -> None:
     runner = CliRunner()
     result = runner.invoke(cli, ["plan", "gpt", "--batch", "8", "--budget", "12MiB", "--json"])
@@ -37,6 +47,8 @@ def test_plan_json_and_a_budget_nothing_reaches() -> None:
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.startswith("nnmem: error: no plan fits 1.00 MiB; the smallest peak found is ")
     assert len(result.stderr.splitlines()) == 1
+    result = runner.invoke(cli, ["plan", "gpt", "--budget", "1GiB", "--techniques", "fast"])
+    assert result.exit_code == 2 and "expected techniques among checkpoint, inplace" in result.stderr
 
 
 def test_plan_is_for_training() -> None:

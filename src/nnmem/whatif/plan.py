@@ -21,9 +21,10 @@ from typing import Any
 from nnmem.errors import ConfigError, UnsupportedError
 from nnmem.report.model import Report
 
-__all__ = ["MemoryPlan", "PlanRow", "optimal_checkpointing", "plan"]
+__all__ = ["KINDS", "MemoryPlan", "PlanRow", "optimal_checkpointing", "plan"]
 
 _MICRO_BATCHES = (2, 4, 8, 16)
+KINDS = ("checkpoint", "inplace", "accumulate", "optimizer-in-backward")
 _INPLACE_FACTORY = """import nnmem
 from nnmem.loader import resolve_factory
 
@@ -156,17 +157,21 @@ def _useful(rows: list[PlanRow]) -> list[PlanRow]:
 
 def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = None, mode: str = "train",
          optimizer: Any = None, loss_fn: Callable[..., Any] | None = None, target: Any = None,
-         input_shape: Any = None, verify: bool = False,
+         input_shape: Any = None, techniques: Any = None, verify: bool = False,
          progress: Callable[[str], None] | None = None) -> MemoryPlan:
     """The cheapest combination of techniques whose training step fits ``budget``, and the others that fit.
 
     Args:
         model: a ``torch.nn.Module`` with ``inputs``, or a MODEL spec (built at ``batch`` on the meta device).
         budget: bytes or a size text ("8GiB"): the peak at the report's level must be within it.
+        techniques: the kinds a plan may combine (:data:`KINDS`: "checkpoint", "inplace", "accumulate",
+            "optimizer-in-backward"); None: all. Leave out "accumulate" where micro-batches change the result
+            (BatchNorm statistics per micro-batch) or the throughput matters more than FLOPs.
         verify: apply the chosen plan for real and measure the step in a child process (``measured``).
 
     Raises:
-        ConfigError: no combination fits (the message names the smallest peak reached and how).
+        ConfigError: no combination fits (the message names the smallest peak reached and how), or an
+            unknown technique kind.
         UnsupportedError: inference (no technique here changes it but in-place: use ``what_if``), or a Keras
             model.
 
@@ -174,6 +179,8 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
         >>> p = nnmem.plan("gpt", budget="40MiB", batch=32)  # doctest: +SKIP
         >>> p.chosen.techniques, p.chosen.peak_bytes  # doctest: +SKIP
     """
+    import torch
+
     from nnmem import estimate
     from nnmem.frontends.pytorch.checkpoint_search import calibrate, optimal_checkpoint
     from nnmem.frontends.pytorch.checkpointing import CheckpointPlan, step_flops
@@ -185,6 +192,7 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
         raise UnsupportedError("a plan covers training steps (checkpointing, accumulation and the optimizer in "
                                "backward change training only); for inference see `nnmem whatif --mode infer`")
     budget_bytes = parse_size(budget)
+    allowed = _kinds(techniques)
     torch_model, inputs, target, loss_fn = _build(model, inputs, batch, target, loss_fn, input_shape)
     name = model if isinstance(model, str) else type(torch_model).__name__
     common: dict[str, Any] = {"optimizer": optimizer, "loss_fn": loss_fn}
@@ -208,17 +216,21 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
 
     inplace_names: list[str] = []
     try:
+        if "inplace" not in allowed:
+            raise UnsupportedError("not asked for")
         from nnmem.frontends.pytorch.inplace import inplace_candidates
 
         inplace_names = inplace_candidates(torch_model)
     except UnsupportedError:
         pass
-    variants: list[tuple[str | None, dict[str, Any]]] = [(None, {}), ("optimizer-in-backward",
-                                                                       {"optimizer_in_backward": True})]
-    variants += [(f"accumulate:{k}", {"accumulate": k}) for k in _MICRO_BATCHES if base_batch % k == 0]
+    variants: list[tuple[str | None, dict[str, Any]]] = [(None, {})]
+    if "optimizer-in-backward" in allowed:
+        variants.append(("optimizer-in-backward", {"optimizer_in_backward": True}))
+    if "accumulate" in allowed:
+        variants += [(f"accumulate:{k}", {"accumulate": k}) for k in _MICRO_BATCHES if base_batch % k == 0]
     notes: list[str] = []
     rows: list[PlanRow] = [baseline]
-    chain_error: str | None = None
+    chain_error: str | None = None if "checkpoint" in allowed else "not asked for"
     for inplace in ([False, True] if inplace_names else [False]):
         for label, variant in variants:
             techniques = (("inplace",) if inplace else ()) + ((label,) if label else ())
@@ -267,6 +279,10 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
                           + (f" ({notes[0]})" if notes else "") + "; try a smaller --batch or a larger budget")
     front = _pareto(fitting)
     chosen = front[0]
+    if any(t.startswith("accumulate:") for t in chosen.techniques) and any(
+            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in torch_model.modules()):
+        notes.append("the chosen plan splits the batch: BatchNorm statistics are then computed per micro-batch "
+                     "(leave accumulate out with techniques / --techniques to keep them)")
     measured = None
     if verify:
         say(f"measuring {chosen.label()} for real")
@@ -274,6 +290,21 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
                             inplace_names)
     return MemoryPlan(name, base_batch, budget_bytes, plain.level, baseline, tuple(rows), tuple(front), chosen,
                       measured, tuple(notes))
+
+
+def _kinds(techniques: Any) -> frozenset[str]:
+    """The technique kinds a plan may use (all of :data:`KINDS` for None); a comma-separated text or a list.
+
+    Raises:
+        ConfigError: a kind that is not one of :data:`KINDS`.
+    """
+    if techniques is None:
+        return frozenset(KINDS)
+    asked = [t.strip() for t in (techniques.split(",") if isinstance(techniques, str) else techniques) if t.strip()]
+    unknown = [t for t in asked if t not in KINDS]
+    if unknown or not asked:
+        raise ConfigError(f"expected techniques among {', '.join(KINDS)}. Received: {techniques!r}")
+    return frozenset(asked)
 
 
 def _bound(trace: Callable[[dict[str, Any], Any], Report], variant: dict[str, Any]) -> tuple[
