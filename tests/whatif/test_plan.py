@@ -58,3 +58,15 @@ def test_plan_is_for_training() -> None:
         assert "training" in str(err)
     else:
         raise AssertionError("expected UnsupportedError")
+
+
+def test_whatif_gives_accumulation_and_in_backward_rows_a_largest_batch() -> None:
+    w = nnmem.what_if("gpt", batch=8, techniques=["accumulate:2", "optimizer-in-backward"], budget="64MiB")
+    accumulated, in_backward = w.rows
+    assert accumulated.train_batch is not None and accumulated.train_batch % 2 == 0
+    assert accumulated.train_batch > w.baseline.train_batch  # half the activations per micro-batch
+    micro = accumulated.train_batch // 2
+    assert nnmem.estimate("gpt", batch=micro, accumulate=2).peak_bytes <= 64 * 2**20
+    assert nnmem.estimate("gpt", batch=micro + 1, accumulate=2).peak_bytes > 64 * 2**20
+    assert in_backward.train_batch is not None and in_backward.train_batch >= w.baseline.train_batch
+    assert accumulated.infer_batch == in_backward.infer_batch == w.baseline.infer_batch

@@ -52,8 +52,9 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
     lines: list[RenderableType] = [header, table]
     lines += [f"{row.technique}: {row.description}; {_moved(w, row)}" for row in w.rows]
     if w.budget_bytes is not None:
-        lines.append(f"largest batches within {format_bytes(w.budget_bytes)}; checkpointing changes training only, "
-                     f"so its inference batch is the baseline's")
+        lines.append(f"largest batches within {format_bytes(w.budget_bytes)}; checkpointing, accumulation and the "
+                     f"optimizer in backward change training only, so their inference batch is the baseline's; "
+                     f"accumulate:K's training batch is K micro-batches of the largest that fits")
     by_reason: dict[str, list[str]] = {}
     for technique, reason in w.skipped:
         by_reason.setdefault(reason, []).append(technique)

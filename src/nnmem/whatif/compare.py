@@ -221,9 +221,10 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     kwargs: dict[str, Any] = {"optimizer": optimizer, "loss_fn": loss_fn, "target": target}
     step = {**kwargs, "mode": mode, "batch": None if inputs is not None else batch}
 
-    def largest(for_mode: str) -> int:
+    def largest(for_mode: str, **step_kwargs: Any) -> int:
         return _fit.max_batch(torch_model, inputs, budget=budget_bytes, progress=progress, mode=for_mode,
-                              **{**kwargs, "optimizer": optimizer if for_mode == "train" else None}).batch
+                              **{**kwargs, "optimizer": optimizer if for_mode == "train" else None},
+                              **step_kwargs).batch
 
     def row(technique: str, description: str, changes_inference: bool = True) -> TechniqueRow:
         if progress:
@@ -242,8 +243,11 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             progress(f"tracing {technique}")
         report = estimate(torch_model, _first(inputs, micro), accumulate=k,
                           **{**step, "target": _first(target, micro), "batch": None if inputs is not None else micro})
+        train_batch = None
+        if budget_bytes is not None:  # the largest micro-batch, k of them per optimizer step
+            train_batch = k * largest("train", accumulate=k)
         return TechniqueRow(technique, f"{k} micro-batches of {micro}, gradients summed between them",
-                            report, baseline.flops)
+                            report, baseline.flops, train_batch, baseline.infer_batch)
 
     def in_backward(technique: str) -> TechniqueRow:
         if mode != "train":
@@ -251,8 +255,9 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         if progress:
             progress(f"tracing {technique}")
         report = estimate(torch_model, inputs, optimizer_in_backward=True, **step)
+        train_batch = largest("train", optimizer_in_backward=True) if budget_bytes is not None else None
         return TechniqueRow(technique, "each parameter updated, and its gradient freed, inside backward",
-                            report, baseline.flops)
+                            report, baseline.flops, train_batch, baseline.infer_batch)
 
     baseline = row("baseline", "the step as it is")
     rows, skipped = [], []
