@@ -23,10 +23,10 @@ from nnmem.report.model import Report
 __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointing", "apply_technique",
            "checkpoint_plan"]
 
-TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]", "inplace",
-              "accumulate:K", "optimizer-in-backward")
-DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "inplace", "accumulate:2",
-                      "accumulate:4", "optimizer-in-backward")
+TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]",
+              "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward")
+DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
+                      "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,11 @@ hold parameters (a transformer's blocks, a CNN's stages, an MLP's layers):
 - ``sqrt``: Chen et al. 2016 — an ``nn.Sequential`` chain of n children cut into segments of ceil(sqrt(n)),
   each but the last recomputed as one (``torch.utils.checkpoint.checkpoint_sequential``'s rule); only the
   segments' inputs stay saved;
-- ``NAME[,NAME...]``: the modules so named (``model.named_modules()``).
+- ``NAME[,NAME...]``: the modules so named (``model.named_modules()``);
+- ``selective:PLAN``: any of the above with a selective policy (``torch.utils.checkpoint.
+  create_selective_checkpoint_contexts``): the outputs of matmuls, convolutions and attention are saved, the
+  pointwise ops and norms between them recomputed — less saved than none, more than full recomputation, and
+  almost no recomputed FLOPs.
 
 Applying a plan replaces the chosen modules' ``forward`` on the instances (the parameters, their names and the
 ``state_dict`` stay as they are; the patched model pickles). The estimate of the transformed step comes from
@@ -19,6 +23,7 @@ tracing it, like any other step.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import math
@@ -36,7 +41,7 @@ from nnmem.errors import ConfigError, UnsupportedError
 __all__ = ["CheckpointPlan", "apply_checkpointing", "chain_of", "checkpoint_plan", "checkpointed", "step_flops",
            "PLAN_KINDS"]
 
-PLAN_KINDS = ("blocks", "every:K", "sqrt", "NAME[,NAME...]")
+PLAN_KINDS = ("blocks", "every:K", "sqrt", "NAME[,NAME...]", "selective:PLAN")
 
 
 @dataclass(frozen=True)
@@ -47,14 +52,19 @@ class CheckpointPlan:
         label: the plan as asked for ("blocks", "every:2", "sqrt", or the names).
         modules: qualified names of the modules checkpointed one by one.
         segments: (name of an ``nn.Sequential``, segment length) checkpointed segment by segment.
+        selective: save matmul, convolution and attention outputs inside the regions, recompute the rest.
     """
 
     label: str
     modules: tuple[str, ...] = ()
     segments: tuple[tuple[str, int], ...] = ()
+    selective: bool = False
 
     def describe(self) -> str:
         """One line: what is recomputed."""
+        if self.selective:
+            return "the ops between the matmuls, convolutions and attention of " + dataclasses.replace(
+                self, selective=False).describe()
         if self.segments:
             name, length = self.segments[0]
             return f"{name or 'the model'} in segments of {length}"
@@ -64,7 +74,7 @@ class CheckpointPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "modules": list(self.modules),
-                "segments": [{"module": n, "length": k} for n, k in self.segments]}
+                "segments": [{"module": n, "length": k} for n, k in self.segments], "selective": self.selective}
 
 
 def _holds_parameters(module: nn.Module) -> bool:
@@ -105,6 +115,9 @@ def checkpoint_plan(model: nn.Module, plan: str) -> CheckpointPlan:
             for ``sqrt``.
     """
     text = plan.strip()
+    if text.startswith("selective:"):
+        inner = checkpoint_plan(model, text.split(":", 1)[1])
+        return dataclasses.replace(inner, label=text, selective=True)
     if not text:
         raise ConfigError(f"expected a checkpoint plan, one of {', '.join(PLAN_KINDS)}. Received: {plan!r}")
     if text in ("blocks", "sqrt") or text.startswith("every:"):
@@ -139,12 +152,33 @@ def checkpoint_plan(model: nn.Module, plan: str) -> CheckpointPlan:
 class _CheckpointedForward:
     """A module's forward run under ``checkpoint`` (a picklable callable, set as the instance's ``forward``)."""
 
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
+    def __init__(self, module: nn.Module, selective: bool = False) -> None:
+        self.module, self.selective = module, selective
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inner = functools.partial(type(self.module).forward, self.module)
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, **_context(self.selective), **kwargs)
+
+
+def _save_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """The selective policy: keep what is costly to recompute (matmuls, convolutions, attention)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    name = op.overloadpacket.__name__ if hasattr(op, "overloadpacket") else str(op)
+    costly = name in _COSTLY or name.startswith("_scaled_dot_product")
+    return CheckpointPolicy.MUST_SAVE if costly else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_COSTLY = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution",
+                     "mkldnn_convolution", "_slow_conv2d_forward", "cudnn_convolution"})
+
+
+def _context(selective: bool) -> dict[str, Any]:
+    if not selective:
+        return {}
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return {"context_fn": functools.partial(create_selective_checkpoint_contexts, _save_matmuls)}
 
 
 def _run_segment(modules: list[nn.Module], x: Any) -> Any:
@@ -156,8 +190,8 @@ def _run_segment(modules: list[nn.Module], x: Any) -> Any:
 class _SegmentedForward:
     """An ``nn.Sequential``'s forward with each segment but the last under ``checkpoint``."""
 
-    def __init__(self, sequential: nn.Sequential, length: int) -> None:
-        self.sequential, self.length = sequential, length
+    def __init__(self, sequential: nn.Sequential, length: int, selective: bool = False) -> None:
+        self.sequential, self.length, self.selective = sequential, length, selective
 
     def __call__(self, x: Any) -> Any:
         modules = list(self.sequential)
@@ -166,7 +200,8 @@ class _SegmentedForward:
             if start + self.length >= len(modules) or not torch.is_grad_enabled():
                 x = _run_segment(segment, x)
             else:
-                x = checkpoint(functools.partial(_run_segment, segment), x, use_reentrant=False)
+                x = checkpoint(functools.partial(_run_segment, segment), x, use_reentrant=False,
+                               **_context(self.selective))
         return x
 
 
@@ -183,10 +218,10 @@ def apply_checkpointing(model: nn.Module, plan: CheckpointPlan | str) -> nn.Modu
     plan = _plan(model, plan)
     modules = dict(model.named_modules())
     for name in plan.modules:
-        modules[name].forward = _CheckpointedForward(modules[name])
+        modules[name].forward = _CheckpointedForward(modules[name], plan.selective)
     for name, length in plan.segments:
         sequential = modules[name]
-        sequential.forward = _SegmentedForward(sequential, length)  # type: ignore[method-assign]
+        sequential.forward = _SegmentedForward(sequential, length, plan.selective)  # type: ignore[method-assign]
     return model
 
 
