@@ -14,8 +14,8 @@ from nnmem.whatif.plan import MemoryPlan, PlanRow
 __all__ = ["render_plan"]
 
 
-def _label(row: PlanRow, limit: int = 60) -> str:
-    text = row.label()
+def _label(row: PlanRow, limit: int = 70) -> str:
+    text = row.label(short=True)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 

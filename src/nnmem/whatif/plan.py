@@ -67,8 +67,17 @@ class PlanRow:
     def cost(self) -> tuple[int, int, int]:
         return (self.extra_flops, self.micro_batches, self.peak_bytes)
 
-    def label(self) -> str:
-        return " + ".join(self.techniques) if self.techniques else "as it is"
+    def label(self, *, short: bool = False) -> str:
+        """The techniques joined by " + "; ``short``: a long checkpoint list as its count and ends."""
+        if not self.techniques:
+            return "as it is"
+        parts = []
+        for technique in self.techniques:
+            names = technique.partition(":")[2].split(",")
+            if short and technique.startswith("checkpoint:") and len(names) > 3:
+                technique = f"checkpoint: {len(names)} modules ({names[0]} … {names[-1]})"
+            parts.append(technique)
+        return " + ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {"techniques": list(self.techniques), "peak_bytes": self.peak_bytes, "peaks": dict(self.report.peaks),
@@ -270,6 +279,12 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
                 if best.plan.modules:
                     rows.append(PlanRow((*techniques, f"checkpoint:{','.join(best.plan.modules)}"), best.report,
                                         best.extra_flops, baseline_flops, micro, True))
+                lowest = min(best.front, key=lambda c: c.peak)  # the other end of the front: the least memory
+                names = tuple(cal.blocks[j] for j in lowest.blocks)
+                if names and names != best.plan.modules:
+                    report = trace(variant, CheckpointPlan("optimal", names))
+                    rows.append(PlanRow((*techniques, f"checkpoint:{','.join(names)}"), report, lowest.flops,
+                                        baseline_flops, micro, report.peak_bytes <= budget_bytes))
     rows = sorted(_useful(rows), key=lambda r: r.cost)
     fitting = [r for r in rows if r.fits]
     if not fitting:
