@@ -112,10 +112,13 @@ def solve(model: ChainModel, *, budget: int | None = None) -> list[Choice]:
     for (_, flops, high), blocks in states.items():
         if (high, flops) not in finals:
             finals[(high, flops)] = blocks
-    choices = [Choice(b, p, f) for (p, f), b in finals.items()]
-    choices.sort(key=lambda c: (c.flops, c.peak))
+    return _cheapest_first([Choice(b, p, f) for (p, f), b in finals.items()])
+
+
+def _cheapest_first(choices: list[Choice]) -> list[Choice]:
+    """The choices no other beats on both FLOPs and peak, cheapest first."""
     front: list[Choice] = []
-    for c in choices:
+    for c in sorted(choices, key=lambda c: (c.flops, c.peak)):
         if not front or c.peak < front[-1].peak:
             front.append(c)
     return front
@@ -131,9 +134,4 @@ def brute_force(model: ChainModel, *, budget: int | None = None) -> list[Choice]
             peak = model.peak(chosen)
             if budget is None or peak <= budget:
                 choices.append(Choice(blocks, peak, model.cost(chosen)))
-    choices.sort(key=lambda c: (c.flops, c.peak))
-    front: list[Choice] = []
-    for c in choices:
-        if not front or c.peak < front[-1].peak:
-            front.append(c)
-    return front
+    return _cheapest_first(choices)
