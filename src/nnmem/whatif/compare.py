@@ -280,10 +280,12 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         with context:
             try:
                 rows.append(row(technique, description, changes_inference=not technique.startswith("checkpoint")))
-            except RuntimeError as err:  # e.g. an in-place op on a tensor backward needs: autograd refuses
-                reason = f"PyTorch refuses it on this model: {str(err).splitlines()[0]}"
+            except (RuntimeError, UnsupportedError) as err:  # e.g. an in-place op on a tensor backward needs
+                reason = (str(err) if isinstance(err, UnsupportedError)
+                          else f"PyTorch refuses it on this model: {str(err).splitlines()[0]}")
                 if asked is not None:
-                    raise UnsupportedError(f"{technique}: {reason}") from err
+                    raise UnsupportedError(reason if isinstance(err, UnsupportedError)
+                                           else f"{technique}: {reason}") from err
                 skipped.append((technique, reason))
     return WhatIf(name, mode, baseline.report.batch, baseline.report.level, baseline, tuple(rows), budget_bytes,
                   tuple(skipped))

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from nnmem import cpu, cuda
-from nnmem.errors import ConfigError, MeasureError, first_line
+from nnmem.errors import ConfigError, MeasureError, UnsupportedError, first_line
 from nnmem.frontends.base import StepRequest
 from nnmem.frontends.pytorch.step import fake_copy, optimizer_name, trace_fake_step
 from nnmem.frontends.pytorch.workspace import WorkspaceRules
@@ -134,10 +134,18 @@ class PyTorchFrontend:
         meta: dict[str, object] = _meta(request) if batch is None else {"batch": batch}
         rules = WorkspaceRules()
         with _checkpointed(request):
-            trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
-                                    optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
-                                    rules=rules, meta=meta, micro_steps=min(request.accumulate, 2),
-                                    in_backward=request.optimizer_in_backward)
+            try:
+                trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
+                                        optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
+                                        rules=rules, meta=meta, micro_steps=min(request.accumulate, 2),
+                                        in_backward=request.optimizer_in_backward)
+            except RuntimeError as err:
+                if "not found in storage" not in str(err):  # torch.utils.checkpoint's selective-policy cache
+                    raise
+                raise UnsupportedError(
+                    "PyTorch refuses selective checkpointing on this model: a region runs other ops when "
+                    "recomputed than in forward (state that changes in between, e.g. HuggingFace's KV cache: "
+                    "set config.use_cache=False); the plain plan works") from None
         if request.accumulate > 1:
             trace.meta["accumulate"] = request.accumulate
         if request.checkpoint is not None:
