@@ -3,12 +3,13 @@
 Run:  python benchmarks/whatif.py [--models gpt,resnet] [--modes train,infer] [--batch 16] [--optimizer adam]
       [--json out.json]
 
-For each PyTorch model of the zoo and each mode, ``nnmem.what_if`` traces the baseline step and each technique
-that applies (checkpoint plans ``blocks``, ``every:2``, ``sqrt``, gradient accumulation ``accumulate:2`` and
-``accumulate:4`` and ``optimizer-in-backward`` in training; ``inplace``); every technique is then applied for
-real (``nnmem.apply_technique`` inside a factory the measuring child runs; accumulation and the optimizer in
-backward: ``nnmem.measure(..., accumulate=K)`` on one micro-batch, ``optimizer_in_backward=True``) and
-measured with ``nnmem.measure``.
+For each PyTorch model of the zoo (and HuggingFace GPT-2, BERT and Llama built from configs:
+``benchmarks/hf_models.py``) and each mode, ``nnmem.what_if`` traces the baseline step and each technique
+that applies (checkpoint plans ``blocks``, ``every:2``, ``sqrt``, ``selective:blocks``, gradient accumulation
+``accumulate:2`` and ``accumulate:4`` and ``optimizer-in-backward`` in training; ``inplace``); every technique
+is then applied for real (``nnmem.apply_technique`` inside a factory the measuring child runs; accumulation and
+the optimizer in backward: ``nnmem.measure(..., accumulate=K)`` on one micro-batch, ``optimizer_in_backward=True``)
+and measured with ``nnmem.measure``.
 A row gives the technique, the predicted and measured allocator-level peaks, the error, the bytes saved against the
 baseline and the extra FLOPs. The last line gives the median and maximum |error| over the techniques.
 """
@@ -28,11 +29,11 @@ from _common import zoo_parser  # noqa: E402
 
 FACTORY = """
 import nnmem
-from nnmem import zoo
+from nnmem.loader import resolve_factory
 
 
 def make(batch):
-    built = zoo.resolve({model!r})(batch)
+    built = resolve_factory({model!r})(batch)
     model = built[0] if isinstance(built, tuple) else built
     if {technique!r}:
         nnmem.apply_technique(model, {technique!r})
@@ -43,7 +44,8 @@ def make(batch):
 def _measured(model: str, technique: str | None, mode: str, batch: int, optimizer: str | None, folder: str) -> int:
     import nnmem
 
-    path = os.path.join(folder, f"{model}_{(technique or 'baseline').replace(':', '_').replace(',', '_')}.py")
+    stem = model.rsplit(":", 1)[-1]
+    path = os.path.join(folder, f"{stem}_{(technique or 'baseline').replace(':', '_').replace(',', '_')}.py")
     with open(path, "w") as f:
         f.write(FACTORY.format(model=model, technique=technique))
     return nnmem.measure(f"{path}:make", mode=mode, batch=batch, optimizer=optimizer).peaks["allocator"]
@@ -53,6 +55,7 @@ def rows(model: str, mode: str, batch: int, optimizer: str | None, folder: str) 
     import nnmem
 
     result = nnmem.what_if(model, mode=mode, batch=batch, optimizer=optimizer)
+    shown = model.rsplit(":", 1)[-1]  # a file spec by its factory's name
     out = []
     for row in (result.baseline, *result.rows):
         technique = row.technique if row is not result.baseline else None
@@ -65,14 +68,14 @@ def rows(model: str, mode: str, batch: int, optimizer: str | None, folder: str) 
         else:
             measured = _measured(model, technique, mode, batch, optimizer, folder)
         predicted = row.report.peaks["allocator"]
-        r = {"model": model, "mode": mode, "technique": row.technique, "predicted": predicted, "measured": measured,
+        r = {"model": shown, "mode": mode, "technique": row.technique, "predicted": predicted, "measured": measured,
              "error": (predicted - measured) / measured, "saved": result.saved(row),
              "extra_compute": result.extra_compute(row)}
         out.append(r)
-        print(f"{model:22s} {mode:5s} {row.technique:20s} {predicted:>14,} {measured:>14,} {100 * r['error']:+8.2f}% "
+        print(f"{shown:22s} {mode:5s} {row.technique:28s} {predicted:>14,} {measured:>14,} {100 * r['error']:+8.2f}% "
               f"{r['saved']:>13,} {100 * r['extra_compute']:+7.1f}%", flush=True)
     for technique, why in result.skipped:
-        print(f"{model:22s} {mode:5s} {technique:20s} not applied: {why}", flush=True)
+        print(f"{shown:22s} {mode:5s} {technique:28s} not applied: {why}", flush=True)
     return out
 
 
@@ -82,9 +85,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = zoo_parser(__doc__)
     parser.add_argument("--optimizer", default="adam")
     parser.add_argument("--modes", default="train,infer")
+    parser.add_argument("--no-third-party", dest="third_party", action="store_false",
+                        help="leave out the HuggingFace models (benchmarks/hf_models.py; on when transformers is "
+                             "installed)")
     args = parser.parse_args(argv)
-    models = [m for m in args.models.split(",") if m in zoo.names() and not m.startswith("keras_")]
-    print(f"{'model':22s} {'mode':5s} {'technique':20s} {'predicted':>14s} {'measured':>14s} {'error':>9s} "
+    models = [m for m in args.models.split(",") if ":" in m or (m in zoo.names() and not m.startswith("keras_"))]
+    if args.third_party:
+        try:
+            import transformers  # noqa: F401
+            from hf_models import SPECS
+
+            models += list(SPECS)
+        except ImportError:
+            print("transformers is not installed: the HuggingFace models are left out")
+    print(f"{'model':22s} {'mode':5s} {'technique':28s} {'predicted':>14s} {'measured':>14s} {'error':>9s} "
           f"{'saved':>13s} {'FLOPs':>8s}")
     table: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
