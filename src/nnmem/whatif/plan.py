@@ -330,9 +330,21 @@ def _bound(trace: Callable[[dict[str, Any], Any], Report], variant: dict[str, An
         return trace(variant, plan)
 
     def counted(plan: Any) -> dict[str, dict[Any, int]]:
-        return _flop_counts(lambda: trace(variant, plan))
+        reports: list[Report] = []
+        counts = _flop_counts(lambda: reports.append(trace(variant, plan)))
+        # per optimizer step: a trace with accumulation runs fewer micro-batches than K (they repeat)
+        k, runs = variant.get("accumulate", 1), _forward_runs(reports[0])
+        if k == runs:
+            return counts
+        return {m: {op: v * k // runs for op, v in by_op.items()} for m, by_op in counts.items()}
 
     return traced, counted
+
+
+def _forward_runs(report: Report) -> int:
+    """How many forwards (micro-batches) a traced step ran."""
+    phases = [p.phase for p in report.timeline]
+    return max(1, sum(1 for i, ph in enumerate(phases) if ph == "forward" and (i == 0 or phases[i - 1] != "forward")))
 
 
 def _inplace(model: Any, names: list[str]) -> AbstractContextManager[Any]:
