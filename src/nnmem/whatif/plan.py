@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,14 +224,11 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
     baseline = PlanRow((), plain, 0, baseline_flops, 1, plain.peak_bytes <= budget_bytes)
 
     inplace_names: list[str] = []
-    try:
-        if "inplace" not in allowed:
-            raise UnsupportedError("not asked for")
+    if "inplace" in allowed:
         from nnmem.frontends.pytorch.inplace import inplace_candidates
 
-        inplace_names = inplace_candidates(torch_model)
-    except UnsupportedError:
-        pass
+        with suppress(UnsupportedError):  # raised where nothing can switch in place
+            inplace_names = inplace_candidates(torch_model)
     variants: list[tuple[str | None, dict[str, Any]]] = [(None, {})]
     if "optimizer-in-backward" in allowed:
         variants.append(("optimizer-in-backward", {"optimizer_in_backward": True}))
@@ -268,20 +265,14 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
                     notes.append(f"checkpointing not searched: {err}")
                     continue
                 best = optimal_checkpoint(torch_model, budget_bytes, traced, counted, calibration=cal)
-                if best is None:  # the lowest the chain reaches, traced, for the error message
-                    lowest = min(solve(cal.model), key=lambda c: c.peak)
-                    if lowest.blocks:
-                        names = tuple(cal.blocks[j] for j in lowest.blocks)
-                        report = trace(variant, CheckpointPlan("optimal", names))
-                        rows.append(PlanRow((*techniques, f"checkpoint:{','.join(names)}"), report, lowest.flops,
-                                            baseline_flops, micro, report.peak_bytes <= budget_bytes))
-                    continue
-                if best.plan.modules:
-                    rows.append(PlanRow((*techniques, f"checkpoint:{','.join(best.plan.modules)}"), best.report,
+                cheapest = best.plan.modules if best is not None else ()
+                if best is not None and cheapest:
+                    rows.append(PlanRow((*techniques, f"checkpoint:{','.join(cheapest)}"), best.report,
                                         best.extra_flops, baseline_flops, micro, True))
-                lowest = min(best.front, key=lambda c: c.peak)  # the other end of the front: the least memory
+                # the other end of the front, the least memory (where nothing fits: how close it gets)
+                lowest = min(best.front if best is not None else solve(cal.model), key=lambda c: c.peak)
                 names = tuple(cal.blocks[j] for j in lowest.blocks)
-                if names and names != best.plan.modules:
+                if names and names != cheapest:
                     report = trace(variant, CheckpointPlan("optimal", names))
                     rows.append(PlanRow((*techniques, f"checkpoint:{','.join(names)}"), report, lowest.flops,
                                         baseline_flops, micro, report.peak_bytes <= budget_bytes))
@@ -291,7 +282,8 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
         smallest = min(rows, key=lambda r: r.peak_bytes)
         raise ConfigError(f"no plan fits {format_bytes(budget_bytes)}; the smallest peak found is "
                           f"{format_bytes(smallest.peak_bytes)}: {smallest.label()}"
-                          + (f" ({notes[0]})" if notes else "") + "; try a smaller --batch or a larger budget")
+                          + "".join(f" ({n})" for n in notes if n.startswith("checkpointing"))
+                          + "; try a smaller --batch or a larger budget")
     front = _pareto(fitting)
     chosen = front[0]
     if any(t.startswith("accumulate:") for t in chosen.techniques) and any(
@@ -390,8 +382,7 @@ def _measure(model: Any, torch_model: Any, inputs: Any, target: Any, loss_fn: An
             with open(path, "w") as f:
                 f.write(_INPLACE_FACTORY.format(spec=model))
             return measure(f"{path}:make", batch=batch // k, **kwargs)
-    with ExitStack() as stack:
-        stack.enter_context(_inplace(torch_model, inplace_names if inplace else []))
+    with _inplace(torch_model, inplace_names if inplace else []):
         return measure(torch_model, _first(inputs, batch // k), target=_first(target, batch // k),
                        loss_fn=loss_fn, **kwargs)
 
