@@ -264,7 +264,7 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
                     chain_error = str(err)
                     notes.append(f"checkpointing not searched: {err}")
                     continue
-                best = optimal_checkpoint(torch_model, budget_bytes, traced, counted, calibration=cal)
+                best = optimal_checkpoint(cal, budget_bytes, traced)
                 cheapest = best.plan.modules if best is not None else ()
                 if best is not None and cheapest:
                     rows.append(PlanRow((*techniques, f"checkpoint:{','.join(cheapest)}"), best.report,
@@ -420,8 +420,7 @@ def optimal_checkpointing(model: Any, inputs: Any = None, *, budget: Any, batch:
         return estimate(torch_model, inputs, checkpoint=",".join(p.modules) if p and p.modules else None, **step)
 
     cal = calibrate(torch_model, trace, lambda p: _flop_counts(lambda: trace(p)))
-    best = optimal_checkpoint(torch_model, budget_bytes, trace, lambda p: _flop_counts(lambda: trace(p)),
-                              calibration=cal)
+    best = optimal_checkpoint(cal, budget_bytes, trace)
     if best is None:
         lowest = min(solve(cal.model), key=lambda c: c.peak)
         raise ConfigError(f"no checkpoint plan of {type(torch_model).__name__}'s {len(cal.blocks)} blocks fits "

@@ -202,12 +202,10 @@ def calibrate(model: nn.Module, estimate: Callable[[CheckpointPlan | None], Repo
                             tuple(traced), total)
 
 
-def optimal_checkpoint(model: nn.Module, budget: int, estimate: Callable[[CheckpointPlan | None], Report],
-                       count_flops: Callable[[CheckpointPlan | None], dict[str, dict[Any, int]]],
-                       calibration: ChainCalibration | None = None) -> OptimalCheckpoint | None:
-    """The plan that recomputes the fewest FLOPs with a traced peak within ``budget`` bytes; None where even
-    checkpointing every block does not fit (then no plan of the chain's blocks does, by the model)."""
-    cal = calibration or calibrate(model, estimate, count_flops)
+def optimal_checkpoint(cal: ChainCalibration, budget: int,
+                       estimate: Callable[[CheckpointPlan | None], Report]) -> OptimalCheckpoint | None:
+    """The plan of the calibrated chain that recomputes the fewest FLOPs with a traced peak (``estimate``)
+    within ``budget`` bytes; None where no plan of the chain's blocks fits."""
     front = tuple(solve(cal.model))
     limit = budget
     for _ in range(_RETRIES):
