@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._pytree import tree_flatten
 
-from nnmem.frontends.pytorch.step import prepare_step, run_step, trace_prepared
+from nnmem.frontends.pytorch.step import prepare_step, run_step, tensor_attributes, trace_prepared
 from nnmem.report.model import Report, report_from_trace
 
 __all__ = ["measure_step", "allocator_rise", "storage_bytes", "quiet_stderr"]
@@ -86,7 +86,7 @@ def allocator_rise(prof: Any) -> int:
 
 def _live_storage_bytes(model: torch.nn.Module, inputs: Any, target: Any,
                         opt: Any) -> int:
-    tensors: list[Any] = [*model.parameters(), *model.buffers()]
+    tensors: list[Any] = [*model.parameters(), *model.buffers(), *(t for _, _, t in tensor_attributes(model))]
     tensors += [p.grad for p in model.parameters() if p.grad is not None]
     if opt is not None:
         tensors += [v for state in opt.state.values() for v in state.values()]

@@ -137,9 +137,20 @@ def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt:
 
 @contextmanager
 def _swapped(model: torch.nn.Module, replace: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
-    """Temporarily replace every parameter and buffer (tied ones stay tied)."""
+    """Temporarily replace every parameter and buffer (tied ones stay tied).
+
+    Tensors a module keeps as plain attributes get their values back afterwards, and attributes the step added
+    go: a forward pre-hook that sets one (``torch.nn.utils.prune`` recomputes ``weight`` from ``weight_orig``
+    and the mask) must not leave a fake tensor in the user's model.
+    """
     saved: list[tuple[dict[str, Any], str, Any]] = []
     memo: dict[int, Any] = {}
+    attributes = [(module, {k: v for k, v in vars(module).items() if isinstance(v, torch.Tensor)})
+                  for module in model.modules()]
+    copies: dict[int, Any] = {}
+    for module, name, value in tensor_attributes(model):  # held by the module alone: freed when it is replaced
+        object.__setattr__(module, name, copies.setdefault(id(value), replace(value)))
+    copies.clear()
     for module in model.modules():
         for table in (module._parameters, module._buffers):
             for name, value in table.items():
@@ -157,6 +168,25 @@ def _swapped(model: torch.nn.Module, replace: Callable[[torch.Tensor], torch.Ten
     finally:
         for table, name, value in saved:
             table[name] = value
+        for module, kept in attributes:
+            for k in [k for k, v in vars(module).items() if isinstance(v, torch.Tensor) and k not in kept]:
+                delattr(module, k)
+            for k, v in kept.items():
+                object.__setattr__(module, k, v)
+
+
+def tensor_attributes(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
+    """(module, name, tensor) of the tensors modules hold as plain attributes (not parameters or buffers, nor a
+    view of one): state that lives between steps, e.g. the ``weight`` that ``torch.nn.utils.prune`` recomputes
+    from ``weight_orig`` and the mask in every forward and keeps until the next one."""
+    owned = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
+    out = []
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if (isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter)
+                    and value._base is None and value.untyped_storage()._cdata not in owned):
+                out.append((module, name, value))
+    return out
 
 
 def fake_copy(value: Any) -> Any:
@@ -249,10 +279,11 @@ def _trace_fake(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, o
                 in_backward: bool = False) -> tuple[Trace, RealValues]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    small = {id(b): b.detach().clone() for b in model.buffers() if not b.is_meta and b.numel() <= COMPUTE_LIMIT}
+    state = [*model.buffers(), *(t for _, _, t in tensor_attributes(model))]
+    small = {id(b): b.detach().clone() for b in state if not b.is_meta and b.numel() <= COMPUTE_LIMIT}
     inputs, target = tree_map(_real_or_fake, (tuple(inputs), target))
     values = RealValues(routing)
-    swap = _swapped(model, lambda t: small[id(t)] if id(t) in small else fake_copy(t))
+    swap = _swapped(model, lambda t: small.pop(id(t)) if id(t) in small else fake_copy(t))
     from nnmem.frontends.pytorch.checkpointing import traced_rng_states
 
     # traced_rng_states: checkpoint regions (nnmem's plans, or the model's own torch.utils.checkpoint calls, as
@@ -315,6 +346,9 @@ def _register_resident(tracker: StepTracker, model: torch.nn.Module, inputs: tup
             tracker.add_resident(p.grad, Category.GRADIENTS, owner.get(id(p), ""))
     for b in model.buffers():
         tracker.add_resident(b, Category.BUFFERS, owner.get(id(b), ""))
+    names = {id(m): path for path, m in model.named_modules()}
+    for module, _, value in tensor_attributes(model):
+        tracker.add_resident(value, Category.BUFFERS, names.get(id(module), ""))
     if opt is not None:
         for param, state in opt.state.items():
             for value in state.values():
