@@ -6,8 +6,9 @@ step), never a rule of thumb. The extra compute is counted with ``torch.utils.fl
 over a fake trace of the same step: the recomputed forwards of checkpointing show up as more FLOPs in the step.
 Techniques so far, on PyTorch models: gradient checkpointing (:mod:`nnmem.frontends.pytorch.checkpointing`),
 in-place activations (:mod:`nnmem.frontends.pytorch.inplace`), gradient accumulation (``estimate(...,
-accumulate=K)`` on a micro-batch) and the optimizer step inside backward
-(:mod:`nnmem.frontends.pytorch.optimizer_in_backward`).
+accumulate=K)`` on a micro-batch), the optimizer step inside backward
+(:mod:`nnmem.frontends.pytorch.optimizer_in_backward`) and unstructured pruning
+(:mod:`nnmem.frontends.pytorch.pruning`: it costs memory).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointi
            "checkpoint_plan"]
 
 TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]",
-              "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward")
+              "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
-                      "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward")
+                      "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5")
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,13 @@ def _applied(model: Any, technique: str, mode: str) -> tuple[str, AbstractContex
 
         names = inplace_candidates(model)
         return f"{len(names)} activation/dropout modules in place", in_place(model, names)
+    if kind == "prune":
+        from nnmem.frontends.pytorch.pruning import prune_amount, prune_targets, pruned
+
+        amount = prune_amount(argument)
+        return (f"{amount:.0%} of the weights of {len(prune_targets(model))} linear/convolution layers zeroed "
+                f"by torch.nn.utils.prune (weight_orig + mask + the weight recomputed each forward)",
+                pruned(model, amount))
     raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
 
 
@@ -319,8 +327,9 @@ def apply_checkpointing(model: Any, plan: Any) -> Any:
 
 
 def apply_technique(model: Any, technique: str) -> Any:
-    """Apply a what-if technique (:data:`TECHNIQUES`: "checkpoint:PLAN" or "inplace") to a PyTorch ``model`` for
-    real, in place; returns the model. What ``what_if`` predicts for it is what this model then uses.
+    """Apply a what-if technique (:data:`TECHNIQUES`: "checkpoint:PLAN", "inplace" or "prune:AMOUNT") to a
+    PyTorch ``model`` for real, in place; returns the model. What ``what_if`` predicts for it is what this model
+    then uses.
 
     Example:
         >>> model = nnmem.apply_technique(model, "inplace")  # doctest: +SKIP
@@ -332,6 +341,10 @@ def apply_technique(model: Any, technique: str) -> Any:
         from nnmem.frontends.pytorch.inplace import apply_inplace
 
         return apply_inplace(model)
+    if kind == "prune":
+        from nnmem.frontends.pytorch.pruning import apply_pruning, prune_amount
+
+        return apply_pruning(model, prune_amount(argument))
     if kind == "accumulate":
         raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
                           f"accumulate=K on one micro-batch")
