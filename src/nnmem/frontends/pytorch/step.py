@@ -148,8 +148,8 @@ def _swapped(model: torch.nn.Module, replace: Callable[[torch.Tensor], torch.Ten
     attributes = [(module, {k: v for k, v in vars(module).items() if isinstance(v, torch.Tensor)})
                   for module in model.modules()]
     copies: dict[int, Any] = {}
-    for module, name, value in tensor_attributes(model):  # held by the module alone: freed when it is replaced
-        object.__setattr__(module, name, copies.setdefault(id(value), replace(value)))
+    for owner, attr, tensor in tensor_attributes(model):  # held by the module alone: freed when it is replaced
+        object.__setattr__(owner, attr, copies.setdefault(id(tensor), replace(tensor)))
     copies.clear()
     for module in model.modules():
         for table in (module._parameters, module._buffers):
