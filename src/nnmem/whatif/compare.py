@@ -8,7 +8,8 @@ Techniques so far, on PyTorch models: gradient checkpointing (:mod:`nnmem.fronte
 in-place activations (:mod:`nnmem.frontends.pytorch.inplace`), gradient accumulation (``estimate(...,
 accumulate=K)`` on a micro-batch), the optimizer step inside backward
 (:mod:`nnmem.frontends.pytorch.optimizer_in_backward`) and unstructured pruning
-(:mod:`nnmem.frontends.pytorch.pruning`: it costs memory).
+(:mod:`nnmem.frontends.pytorch.pruning`: it costs memory), autocast and half-precision parameters
+(:mod:`nnmem.frontends.pytorch.precision`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointi
            "checkpoint_plan"]
 
 TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]",
-              "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT")
+              "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT",
+              "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
-                      "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5")
+                      "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5",
+                      "autocast:bf16", "half:bf16")
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,14 @@ def _applied(model: Any, technique: str, mode: str) -> tuple[str, AbstractContex
         return (f"{amount:.0%} of the weights of {len(prune_targets(model))} linear/convolution layers zeroed "
                 f"by torch.nn.utils.prune (weight_orig + mask + the weight recomputed each forward)",
                 pruned(model, amount))
+    if kind in ("autocast", "half"):
+        from nnmem.frontends.pytorch.precision import lowered, precision_dtype
+
+        dtype = precision_dtype(kind, argument)
+        words = ("forward under torch.autocast: float32 weights, gradients and optimizer state, matmuls and "
+                 "convolutions in " if kind == "autocast" else "parameters, buffers, gradients and optimizer state "
+                 "in ")
+        return words + argument, lowered(model, kind, dtype)
     raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
 
 
@@ -327,9 +338,9 @@ def apply_checkpointing(model: Any, plan: Any) -> Any:
 
 
 def apply_technique(model: Any, technique: str) -> Any:
-    """Apply a what-if technique (:data:`TECHNIQUES`: "checkpoint:PLAN", "inplace" or "prune:AMOUNT") to a
-    PyTorch ``model`` for real, in place; returns the model. What ``what_if`` predicts for it is what this model
-    then uses.
+    """Apply a what-if technique (:data:`TECHNIQUES`: "checkpoint:PLAN", "inplace", "prune:AMOUNT",
+    "autocast:DTYPE" or "half:DTYPE") to a PyTorch ``model`` for real, in place; returns the model. What
+    ``what_if`` predicts for it is what this model then uses.
 
     Example:
         >>> model = nnmem.apply_technique(model, "inplace")  # doctest: +SKIP
@@ -345,6 +356,10 @@ def apply_technique(model: Any, technique: str) -> Any:
         from nnmem.frontends.pytorch.pruning import apply_pruning, prune_amount
 
         return apply_pruning(model, prune_amount(argument))
+    if kind in ("autocast", "half"):
+        from nnmem.frontends.pytorch.precision import apply_precision, precision_dtype
+
+        return apply_precision(model, kind, precision_dtype(kind, argument))
     if kind == "accumulate":
         raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
                           f"accumulate=K on one micro-batch")

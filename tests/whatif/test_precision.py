@@ -1,0 +1,51 @@
+"""Mixed precision (torch.autocast) and half-precision parameters: what-if's prediction against the technique
+applied for real and measured, and the user's model left as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import nnmem
+from nnmem.errors import ConfigError
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(96, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+@pytest.mark.parametrize("technique", ["autocast:fp16", "half:fp16", "half:bf16"])
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_prediction_equals_the_model_run_in_lower_precision(technique: str, mode: str) -> None:
+    """float16 matmuls run ATen's own kernels on every CPU; bfloat16 ones go through oneDNN where the CPU has
+    AVX-512 (kernel scratch not modelled), so bf16 is checked at the tensor level only."""
+    model, inputs = _model(), (torch.randn(16, 96),)
+    optimizer = "adam" if mode == "train" else None
+    result = nnmem.what_if(model, inputs, mode=mode, optimizer=optimizer, techniques=[technique])
+    predicted = result.rows[0].report.peaks
+    nnmem.apply_technique(model, technique)
+    measured = nnmem.measure(model, inputs, mode=mode, optimizer=optimizer, timeout_s=120).peaks
+    level = "tensor" if technique.endswith("bf16") else "allocator"
+    assert abs(predicted[level] - measured[level]) <= 64, (predicted, measured)
+
+
+def test_half_precision_halves_the_fixed_part_and_autocast_keeps_it() -> None:
+    model, inputs = _model(), (torch.randn(16, 96),)
+    result = nnmem.what_if(model, inputs, optimizer="adam", techniques=["autocast:fp16", "half:fp16"])
+    base = result.baseline.report.breakdown
+    autocast, half = (row.report.breakdown for row in result.rows)
+    weights = sum(p.nbytes for p in model.parameters())
+    steps = base["optimizer state"] - 2 * weights  # Adam's float32 step counters, one per parameter
+    assert 0 < steps <= 4 * len(list(model.parameters()))
+    assert autocast["optimizer state"] == base["optimizer state"]
+    assert autocast["parameters"] == half["parameters"] * 2 == weights
+    assert half["optimizer state"] == weights + steps  # exp_avg and exp_avg_sq in float16
+    assert all(p.dtype == torch.float32 and not p.is_meta for p in model.parameters())
+    assert "forward" not in vars(model)
+
+
+def test_an_unknown_dtype_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="autocast:bf16 or autocast:fp16"):
+        nnmem.what_if(_model(), (torch.randn(4, 96),), techniques=["autocast:int8"])
