@@ -92,7 +92,7 @@ def lowered(model: nn.Module, kind: str, dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         if had_forward:
-            model.forward = previous  # type: ignore[method-assign]
+            model.forward = previous  # type: ignore[method-assign,assignment]
         else:
             del model.forward
         for table, name, value in saved:
