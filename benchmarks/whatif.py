@@ -62,6 +62,9 @@ def rows(model: str, mode: str, batch: int, optimizer: str | None, folder: str) 
         if technique and technique.startswith("accumulate:"):  # the step changes, not the model
             measured = nnmem.measure(model, mode=mode, batch=row.report.batch, optimizer=optimizer,
                                      accumulate=int(technique.split(":")[1])).peaks["allocator"]
+        elif technique and technique.startswith("optimizer:"):  # the optimizer changes, not the model
+            measured = nnmem.measure(model, mode=mode, batch=batch,
+                                     optimizer=f"{optimizer}:{technique.split(':')[1]}").peaks["allocator"]
         elif technique == "optimizer-in-backward":
             measured = nnmem.measure(model, mode=mode, batch=batch, optimizer=optimizer,
                                      optimizer_in_backward=True).peaks["allocator"]

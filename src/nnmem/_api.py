@@ -20,7 +20,9 @@ def _check(mode: str, optimizer: Any, batch: int | None, device: str) -> None:
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}: expected 'train' or 'infer'")
     if isinstance(optimizer, str):
-        optimizers.get(optimizer)  # an unknown name fails here, listing the names
+        optimizers.get(optimizer.partition(":")[0])  # an unknown name fails here, listing the names
+        if ":" in optimizer:
+            optimizers.split_implementation(optimizer)
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0):
         raise ConfigError(f"expected batch as a positive integer. Received: batch={batch!r}")
     if not isinstance(device, str):

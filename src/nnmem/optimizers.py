@@ -21,7 +21,8 @@ from typing import Any
 from nnmem.errors import ConfigError
 
 __all__ = ["FRAMEWORKS", "SPECS", "TORCH_LR", "Build", "Counter", "Dtype", "Implementation", "OptimizerSpec",
-           "Per", "Shape", "Slot", "State", "find", "get", "names", "torch_default_implementation"]
+           "Per", "Shape", "Slot", "State", "find", "get", "names", "split_implementation",
+           "torch_default_implementation"]
 
 FRAMEWORKS = ("torch", "keras")
 """The frameworks the registry describes: ``"torch"`` (torch.optim) and ``"keras"`` (keras.optimizers)."""
@@ -367,6 +368,24 @@ def get(name: str, framework: str | None = None) -> OptimizerSpec:
     if spec is None or (framework is not None and spec._build(framework) is None):
         raise ConfigError(_unknown(name, framework))
     return spec
+
+
+def split_implementation(text: str) -> tuple[str, Implementation | None]:
+    """An optimizer text "NAME" or "NAME:IMPLEMENTATION" (torch: "adam:foreach", "adam:fused",
+    "sgd:for-loop") as (name, implementation or None). The name is checked by :func:`get`, the implementation
+    against what the optimizer offers.
+
+    Raises:
+        ConfigError: an unknown name, or an implementation the optimizer does not offer.
+    """
+    name, sep, impl = text.partition(":")
+    if not sep:
+        return name, None
+    offered = [i.value for i in (get(name, "torch").build("torch").implementations)]
+    if impl not in offered:
+        raise ConfigError(f"expected {name}:{'|'.join(offered)} (torch.optim's step implementations). "
+                          f"Received: {text!r}")
+    return name, Implementation(impl)
 
 
 def find(framework: str, class_name: str, setting: Callable[[str], Any]) -> OptimizerSpec | None:

@@ -27,10 +27,11 @@ __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointi
 
 TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]",
               "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT",
-              "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16")
+              "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "optimizer:for-loop",
+              "optimizer:foreach", "optimizer:fused")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
                       "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5",
-                      "autocast:bf16", "half:bf16")
+                      "autocast:bf16", "half:bf16", "optimizer:foreach", "optimizer:fused")
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,31 @@ def _micro_batches(technique: str, mode: str, batch: int | None) -> int:
     return k
 
 
+def _optimizer_variant(optimizer: Any, technique: str, mode: str) -> str:
+    """The optimizer name with the implementation "optimizer:IMPL" asks for, e.g. "adam:fused".
+
+    Raises:
+        UnsupportedError: inference, or an optimizer given as a class. ConfigError: an implementation the
+            optimizer does not offer.
+    """
+    from nnmem import optimizers
+    from nnmem.frontends.pytorch.frontend import DEFAULT_OPTIMIZER
+
+    if mode != "train":
+        raise UnsupportedError("the optimizer's implementation changes training only")
+    if optimizer is not None and not isinstance(optimizer, str):
+        raise UnsupportedError("the optimizer is a class: name it (e.g. optimizer='adam') to compare its "
+                               "implementations")
+    base, impl = (optimizer or DEFAULT_OPTIMIZER).partition(":")[0], technique.partition(":")[2]
+    known = [i.value for i in optimizers.Implementation]
+    if impl not in known:
+        raise ConfigError(f"expected optimizer:{'|'.join(known)}. Received: {technique!r}")
+    offered = optimizers.get(base, "torch").build("torch").implementations
+    if optimizers.Implementation(impl) not in offered:
+        raise UnsupportedError(f"torch.optim's {base} has no {impl} step")
+    return f"{base}:{impl}"
+
+
 def _first(value: Any, n: int) -> Any:
     """``value`` with every tensor cut to its first ``n`` rows (a micro-batch of the step's inputs)."""
     if isinstance(value, (tuple, list)):
@@ -278,12 +304,26 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         return TechniqueRow(technique, "each parameter updated, and its gradient freed, inside backward",
                             report, baseline.flops, train_batch, baseline.infer_batch)
 
+    def implementation(technique: str) -> TechniqueRow:
+        name = _optimizer_variant(optimizer, technique, mode)
+        if progress:
+            progress(f"tracing {technique}")
+        report = estimate(torch_model, inputs, **{**step, "optimizer": name})
+        train_batch = None
+        if budget_bytes is not None:
+            train_batch = _fit.max_batch(torch_model, inputs, budget=budget_bytes, progress=progress, mode="train",
+                                         **{**kwargs, "optimizer": name}).batch
+        return TechniqueRow(technique, f"torch.optim's {name.split(':')[1]} step ({name})", report, baseline.flops,
+                            train_batch, baseline.infer_batch)
+
+    step_changes = {"accumulate": accumulated, "optimizer-in-backward": in_backward, "optimizer": implementation}
     baseline = row("baseline", "the step as it is")
     rows, skipped = [], []
     for technique in asked or DEFAULT_TECHNIQUES:
-        if technique.startswith("accumulate:") or technique == "optimizer-in-backward":
+        change = step_changes.get(technique.partition(":")[0])
+        if change is not None:
             try:
-                rows.append(accumulated(technique) if technique.startswith("accumulate:") else in_backward(technique))
+                rows.append(change(technique))
             except UnsupportedError as err:
                 if asked is not None:
                     raise
@@ -366,4 +406,7 @@ def apply_technique(model: Any, technique: str) -> Any:
     if kind == "optimizer-in-backward":
         raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
                           f"optimizer_in_backward=True")
+    if kind == "optimizer":
+        raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with the "
+                          f"optimizer named with its implementation, e.g. optimizer='adam:{argument or 'fused'}'")
     raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")

@@ -34,14 +34,20 @@ def optimizer_name(optimizer: Any) -> str:
 
 
 def make_optimizer(optimizer: Any, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """Build the optimizer a name (class and arguments from ``nnmem.optimizers``) or a class stands for.
+    """Build the optimizer a name (class and arguments from ``nnmem.optimizers``; "adam:fused" also picks the
+    step's implementation) or a class stands for.
 
     A class gets ``lr=nnmem.optimizers.TORCH_LR`` when it takes one, its own defaults otherwise.
     """
     if isinstance(optimizer, str):
-        build = optimizers.get(optimizer, "torch").build("torch")
+        name, implementation = optimizers.split_implementation(optimizer)
+        build = optimizers.get(name, "torch").build("torch")
         cls = getattr(torch.optim, build.class_name)
-        return cls(params, **build.kwargs)
+        chosen: dict[str, bool] = {}
+        if implementation is not None:
+            chosen = {"fused": True} if implementation is optimizers.Implementation.FUSED else {
+                "foreach": implementation is optimizers.Implementation.FOREACH}
+        return cls(params, **build.kwargs, **chosen)
     if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
         try:
             return optimizer(params, lr=optimizers.TORCH_LR)  # type: ignore[call-arg]
