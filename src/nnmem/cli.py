@@ -350,8 +350,8 @@ def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mod
 @click.option("--optimizer", type=click.Choice(_ALL_OPTIMIZERS, case_sensitive=False), default=None,
               help=_OPTIMIZER_HELP)
 @click.option("--techniques", default=None, metavar="KIND[,KIND...]",
-              help="The kinds a plan may combine: checkpoint, inplace, accumulate, optimizer-in-backward "
-                   "[default: all].")
+              help="The kinds a plan may combine: checkpoint, inplace, accumulate, optimizer-in-backward, "
+                   "fused (torch.optim's fused step) [default: all].")
 @click.option("--verify", is_flag=True, help="Apply the chosen plan for real and measure the step (child process).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
 def plan_command(model: str, budget: int, batch: int, input_shape: tuple[tuple[int, ...], ...],

@@ -70,3 +70,13 @@ def test_whatif_gives_accumulation_and_in_backward_rows_a_largest_batch() -> Non
     assert nnmem.estimate("gpt", batch=micro + 1, accumulate=2).peak_bytes > 64 * 2**20
     assert in_backward.train_batch is not None and in_backward.train_batch >= w.baseline.train_batch
     assert accumulated.infer_batch == in_backward.infer_batch == w.baseline.infer_batch
+
+
+def test_the_fused_optimizer_step_is_a_candidate_and_its_real_run_fits() -> None:
+    """mlp with Adam peaks in the optimizer step: torch.optim's fused Adam alone takes it under 800,000 B."""
+    plan = nnmem.plan("mlp", budget=800_000, batch=8, optimizer="adam", verify=True)
+    assert not plan.baseline.fits
+    assert "optimizer:fused" in plan.chosen.techniques and plan.chosen.micro_batches == 1
+    assert plan.measured is not None and plan.measured.peak_bytes <= 800_000
+    assert abs(plan.chosen.peak_bytes - plan.measured.peak_bytes) <= 64
+    assert "fused=True" in plan.code()

@@ -1,8 +1,9 @@
 """A plan for a budget: the combinations of memory-saving techniques whose traced training step fits, as a Pareto
 table of peak against extra compute, the cheapest first, optionally verified by a real run.
 
-Each candidate combines in-place activations (where the model has safe candidates), one step variant (as it
-is, the optimizer inside backward, or the batch in K micro-batches) and, where that does not fit, the optimal
+Each candidate combines torch.optim's fused optimizer step (where the optimizer has one), in-place activations
+(where the model has safe candidates), one step variant (as it is, the optimizer inside backward, or the batch
+in K micro-batches) and, where that does not fit, the optimal
 gradient-checkpointing plan of the model's chain under the budget
 (:mod:`nnmem.frontends.pytorch.checkpoint_search`: an exact search, then a trace of the plan). Every peak in
 the table is a trace of the transformed step. Cost is the recomputed FLOPs (``FlopCounterMode``), then the
@@ -24,7 +25,7 @@ from nnmem.report.model import Report
 __all__ = ["KINDS", "MemoryPlan", "PlanRow", "optimal_checkpointing", "plan"]
 
 _MICRO_BATCHES = (2, 4, 8, 16)
-KINDS = ("checkpoint", "inplace", "accumulate", "optimizer-in-backward")
+KINDS = ("checkpoint", "inplace", "accumulate", "optimizer-in-backward", "fused")
 _INPLACE_FACTORY = """import nnmem
 from nnmem.loader import resolve_factory
 
@@ -107,12 +108,19 @@ class MemoryPlan:
     chosen: PlanRow
     measured: Report | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    optimizer_class: str = "SGD"
 
     def code(self, row: PlanRow | None = None) -> str:
         """Python that applies ``row`` (default: the chosen plan) to the user's ``model`` and training loop."""
         row = row or self.chosen
         kinds = {t.partition(":")[0]: t.partition(":")[2] for t in row.techniques}
         lines = ["import nnmem"] if {"inplace", "checkpoint"} & set(kinds) else []
+        if "optimizer" in kinds:
+            built = f"torch.optim.{self.optimizer_class}(params, lr=..., {kinds['optimizer']}=True)"
+            lines.append(f"make_optimizer = lambda params: {built}  # one kernel per parameter group"
+                         if "optimizer-in-backward" in kinds else
+                         f"optimizer = {built.replace('(params', '(model.parameters()')}  # one kernel per "
+                         f"parameter group")
         if "inplace" in kinds:
             lines.append('nnmem.apply_technique(model, "inplace")  # activations and dropout in place')
         if "checkpoint" in kinds:
@@ -174,8 +182,9 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
         model: a ``torch.nn.Module`` with ``inputs``, or a MODEL spec (built at ``batch`` on the meta device).
         budget: bytes or a size text ("8GiB"): the peak at the report's level must be within it.
         techniques: the kinds a plan may combine (:data:`KINDS`: "checkpoint", "inplace", "accumulate",
-            "optimizer-in-backward"); None: all. Leave out "accumulate" where micro-batches change the result
-            (BatchNorm statistics per micro-batch) or the throughput matters more than FLOPs.
+            "optimizer-in-backward", "fused": torch.optim's fused step); None: all. Leave out "accumulate" where
+            micro-batches change the result (BatchNorm statistics per micro-batch) or the throughput matters more
+            than FLOPs.
         verify: apply the chosen plan for real and measure the step in a child process (``measured``).
 
     Raises:
@@ -195,7 +204,7 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
     from nnmem.frontends.pytorch.checkpointing import CheckpointPlan, step_flops
     from nnmem.units import format_bytes, parse_size
     from nnmem.whatif.chain_dp import solve
-    from nnmem.whatif.compare import _build, _first
+    from nnmem.whatif.compare import _build, _first, _optimizer_variant
 
     if mode != "train":
         raise UnsupportedError("a plan covers training steps (checkpointing, accumulation and the optimizer in "
@@ -215,7 +224,7 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
         return estimate(torch_model, micro_inputs, target=micro_target, mode="train",
                         batch=None if micro_inputs is not None else (full // k if full else None),
                         checkpoint=",".join(checkpoint.modules) if checkpoint and checkpoint.modules else None,
-                        **common, **variant)
+                        **{**common, **variant})
 
     say("tracing the step as it is")
     plain = trace({}, None)
@@ -229,6 +238,10 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
 
         with suppress(UnsupportedError):  # raised where nothing can switch in place
             inplace_names = inplace_candidates(torch_model)
+    fused_name = None
+    if "fused" in allowed:
+        with suppress(UnsupportedError, ConfigError):  # an optimizer class, or one without a fused step
+            fused_name = _optimizer_variant(optimizer, "optimizer:fused", "train")
     variants: list[tuple[str | None, dict[str, Any]]] = [(None, {})]
     if "optimizer-in-backward" in allowed:
         variants.append(("optimizer-in-backward", {"optimizer_in_backward": True}))
@@ -237,9 +250,16 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
     notes: list[str] = []
     rows: list[PlanRow] = [baseline]
     chain_error: str | None = None if "checkpoint" in allowed else "not asked for"
-    for inplace in ([False, True] if inplace_names else [False]):
+    combos = [(fused, inplace) for fused in ([False, True] if fused_name else [False])
+              for inplace in ([False, True] if inplace_names else [False])]
+    inplace_useless = False
+    for fused, inplace in combos:
+        if inplace and inplace_useless:
+            continue
         for label, variant in variants:
-            techniques = (("inplace",) if inplace else ()) + ((label,) if label else ())
+            techniques = (("optimizer:fused",) if fused else ()) + (("inplace",) if inplace else ()) + (
+                (label,) if label else ())
+            variant = {**variant, "optimizer": fused_name} if fused else variant
             with _inplace(torch_model, inplace_names if inplace else []):
                 micro = variant.get("accumulate", 1)
                 if techniques:
@@ -249,6 +269,7 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
                                         report.peak_bytes <= budget_bytes))
                     if techniques == ("inplace",) and report.peak_bytes == plain.peak_bytes:
                         notes.append("in-place activations change nothing at this step's peak: not combined")
+                        inplace_useless = True
                         break
                     if report.peak_bytes <= budget_bytes:
                         continue
@@ -296,7 +317,14 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
         measured = _measure(model, torch_model, inputs, target, loss_fn, optimizer, base_batch, chosen,
                             inplace_names)
     return MemoryPlan(name, base_batch, budget_bytes, plain.level, baseline, tuple(rows), tuple(front), chosen,
-                      measured, tuple(notes))
+                      measured, tuple(notes), _optimizer_class(fused_name))
+
+
+def _optimizer_class(name: str | None) -> str:
+    """torch.optim's class an optimizer name stands for ("adam:fused": "Adam")."""
+    from nnmem import optimizers
+
+    return optimizers.get((name or "sgd").partition(":")[0], "torch").build("torch").class_name
 
 
 def _kinds(techniques: Any) -> frozenset[str]:
@@ -373,6 +401,10 @@ def _measure(model: Any, torch_model: Any, inputs: Any, target: Any, loss_fn: An
             kwargs["optimizer_in_backward"] = True
         elif kind == "inplace":
             inplace = True
+        elif kind == "optimizer":
+            from nnmem.whatif.compare import _optimizer_variant
+
+            kwargs["optimizer"] = _optimizer_variant(optimizer, technique, "train")
     k = kwargs.get("accumulate", 1)
     if isinstance(model, str) and not inplace:
         return measure(model, batch=batch // k, **kwargs)
