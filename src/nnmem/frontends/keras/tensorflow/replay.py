@@ -39,6 +39,7 @@ class _Buf:
     block: int
     holders: int
     owned: bool  # allocated by the step (not a variable, input or constant), so it can be freed/forwarded
+    until: int = -1  # the latest op index a holder of it runs until
 
 
 class Replay:
@@ -61,7 +62,7 @@ class Replay:
         self.ops: list[tuple[str, Phase, str, int]] = []  # (name, phase, layer, workspace)
 
     def run(self, ops: list[Any], external: set[str], where: list[tuple[Phase, str]],
-            keep: Iterable[str] = ()) -> None:
+            keep: Iterable[str] = (), end_at: list[int] | None = None) -> None:
         """Replay ``ops`` in order.
 
         Args:
@@ -69,7 +70,11 @@ class Replay:
             external: names of tensors owned outside the graph (arguments).
             where: each op's (phase, layer).
             keep: names of the graph's results, live after the last op.
+            end_at: for each op, the index of the last op started before it ends (ops running at the same
+                time); a block is then freed after the latest end of the ops that hold it. None: each op ends
+                before the next starts.
         """
+        end = end_at if end_at is not None else range(len(ops))
         consumers: dict[str, int] = dict.fromkeys(keep, 1)
         for op in ops:
             for t in op.inputs:
@@ -84,14 +89,16 @@ class Replay:
             for buf in ins:
                 if buf is not None:
                     buf.holders -= 1
-                    self._maybe_free(buf, index)
+                    buf.until = max(buf.until, end[index])
+                    self._maybe_free(buf)
             for t in op.outputs:
-                self._maybe_free(bufs[t.name], index)
+                bufs[t.name].until = max(bufs[t.name].until, end[index])
+                self._maybe_free(bufs[t.name])
             self.ops.append((op.name, phase, layer, workspace))
 
-    def _maybe_free(self, buf: _Buf, index: int) -> None:
+    def _maybe_free(self, buf: _Buf) -> None:
         if buf.owned and buf.holders <= 0 and self.free_at[buf.block] < 0:
-            self.free_at[buf.block] = index
+            self.free_at[buf.block] = buf.until
 
     def _new(self, nbytes: int, index: int, layer: str) -> int:
         self.sizes.append(bfc_round(nbytes))

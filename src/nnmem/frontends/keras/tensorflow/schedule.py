@@ -11,6 +11,7 @@ traced function with control edges in this order, leaving the executor one order
 from __future__ import annotations
 
 import heapq
+import random
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +20,8 @@ from typing import Any
 from nnmem.errors import TraceError
 from nnmem.frontends.keras.tensorflow.scratch import tensor_bytes
 
-__all__ = ["PICKS", "UNPINNED", "executor_waves", "execution_order", "pin", "pinned_schedule", "reachable"]
+__all__ = ["PICKS", "UNPINNED", "executor_timeline", "executor_waves", "execution_order", "pin", "pinned_schedule",
+           "reachable"]
 
 _FUSED_PRODUCERS = frozenset({"Conv2D", "DepthwiseConv2dNative", "Conv3D", "MatMul", "Pad", "_FusedConv2D"})
 _FUSED_CONSUMERS = frozenset({"BiasAdd", "Conv2D", "DepthwiseConv2dNative", "_FusedConv2D"})
@@ -183,6 +185,55 @@ def executor_waves(graph: Any, kept: set[str], threads: int, pick: str = "fifo")
         order = execution_order(graph, kept)
         wave_end = list(range(len(order)))
     return order, wave_end
+
+
+def executor_timeline(graph: Any, kept: set[str], threads: int, seed: int) -> tuple[list[Any], list[int]]:
+    """An order the default executor can run the ops in when they take unequal times: ``threads`` workers each
+    start a ready group as soon as they are free, and each group holds its inputs until it ends.
+
+    Unlike :func:`executor_waves` the workers do not start together: while one runs a slow kernel, the other
+    may run a chain of ops whose outputs pile up beside the slow kernel's inputs. Each group's duration is drawn
+    from a seeded ``random.Random(seed)`` (exponential, scaled by its output bytes: a larger kernel tends to take
+    longer) and a free worker takes a ready group at random (which one it takes follows timing).
+
+    Returns:
+        (the ops in the order they start, for each op the index of the last op started before it ends: where
+        its inputs are freed).
+    """
+    ops = [op for op in graph.get_operations() if op.name in kept]
+    group_of = _fusion_groups(ops)
+    members, users, waiting = _group_edges(ops, group_of)
+    rng = random.Random(seed)
+    size = {g: sum(tensor_bytes(t) for i in m for t in ops[i].outputs) for g, m in members.items()}
+    ready = [g for g in members if waiting[g] == 0]
+    running: list[tuple[float, int, int]] = []  # (end time, start order, group)
+    order: list[Any] = []
+    started: dict[int, tuple[int, int]] = {}  # group -> (first, last op index in order)
+    ends: list[tuple[int, int]] = []  # (group, ops started before it ended)
+    now = 0.0
+    while ready or running:
+        while ready and len(running) < max(threads, 1):
+            g = ready.pop(rng.randrange(len(ready)))
+            first = len(order)
+            order.extend(ops[i] for i in members[g])
+            started[g] = (first, len(order) - 1)
+            duration = rng.expovariate(1.0) * (1.0 + size[g] / 65536)
+            heapq.heappush(running, (now + duration, first, g))
+        now, _, g = heapq.heappop(running)
+        ends.append((g, len(order)))
+        for u in users[g]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                ready.append(u)
+    if len(order) != len(ops):  # a merged pair closed a cycle: the sequential order
+        order = execution_order(graph, kept)
+        return order, list(range(len(order)))
+    end_at = [0] * len(order)
+    for g, count in ends:
+        first, last = started[g]
+        for i in range(first, last + 1):
+            end_at[i] = count - 1
+    return order, end_at
 
 
 class _NetBytes:

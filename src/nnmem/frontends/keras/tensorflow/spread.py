@@ -5,8 +5,10 @@ order that follows timing, on the graph Grappler rewrote (``grappler/optimizers/
 function runtime before the executor starts). The range is the lowest and highest peak over the graph as traced
 and as Grappler's default passes rewrite it (:func:`grappler_graph`), each in the sequential order the estimate
 replays (:mod:`.schedule` ``execution_order``) and the executor's orders one op and ``threads`` ops at a time
-(``executor_waves``): replayed (:mod:`.replay`) and handed to the BFC allocator model
-(:mod:`nnmem.allocators.bfc`) with the same resident blocks. The low end is the bytes requested (no allocator
+(``executor_waves``) and in seeded timelines where ``threads`` workers run ops of unequal durations
+(``executor_timeline``: one worker runs a chain of ops while another holds a slow kernel's inputs): replayed
+(:mod:`.replay`) and handed to the BFC allocator model (:mod:`nnmem.allocators.bfc`) with the same resident
+blocks. The low end is the bytes requested (no allocator
 waste), the high end the BFC chunks' bytes.
 """
 
@@ -21,11 +23,14 @@ import tensorflow as tf
 from nnmem.allocators.bfc import bfc_round, steady_state_chunks
 from nnmem.errors import TraceError
 from nnmem.frontends.keras.tensorflow.replay import Replay, functions_of
-from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_waves
+from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_timeline, executor_waves
 from nnmem.frontends.keras.tensorflow.scratch import tensor_bytes
 from nnmem.trace import Phase
 
-__all__ = ["grappler_graph", "inter_op_threads", "peak_in_use", "peak_range"]
+__all__ = ["TIMELINES", "grappler_graph", "inter_op_threads", "peak_in_use", "peak_range"]
+
+TIMELINES = 16
+"""Seeded timelines of unequal op durations (:func:`~.schedule.executor_timeline`) each graph is replayed in."""
 
 
 def inter_op_threads() -> int:
@@ -41,8 +46,12 @@ def inter_op_threads() -> int:
 
 
 def peak_in_use(resident: int, chunks: list[int], alloc_at: list[int], free_at: list[int],
-                workspace: list[int]) -> int:
-    """Bytes in use at the peak: ``resident`` plus the step's live chunks plus the running op's scratch."""
+                workspace: list[int], end_at: list[int] | None = None) -> int:
+    """Bytes in use at the peak: ``resident`` plus the step's live chunks plus the running ops' scratch.
+
+    With ``end_at`` (for each op, the last op started before it ends) ops run at the same time: each one's
+    scratch is held until it ends, as its inputs are.
+    """
     born = [0] * len(workspace)
     dying = [0] * len(workspace)
     for b, (a, f) in enumerate(zip(alloc_at, free_at)):
@@ -50,10 +59,15 @@ def peak_in_use(resident: int, chunks: list[int], alloc_at: list[int], free_at: 
         if f >= 0:
             dying[f] += chunks[b]
     live = peak = resident
+    running = 0
+    ending = [0] * len(workspace)
     for i, scratch in enumerate(workspace):
         live += born[i]
-        peak = max(peak, live + scratch)
+        running += scratch
+        ending[i if end_at is None else end_at[i]] += scratch
+        peak = max(peak, live + running)
         live -= dying[i]
+        running -= ending[i]
     return peak
 
 
@@ -89,18 +103,20 @@ def grappler_graph(graph: Any, fetch: list[str]) -> Any | None:
 
 def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], threads: int,
            resident: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """(requested, BFC) peaks of the executor's orders, 1 and ``threads`` ops at a time, each of ``PICKS``."""
+    """(requested, BFC) peaks of the executor's orders: in waves 1 and ``threads`` ops at a time, each of
+    ``PICKS``, and ``TIMELINES`` seeded timelines of ``threads`` workers."""
+    orders = [executor_waves(graph, kept, n, pick) for n in sorted({1, threads}) for pick in PICKS]
+    if threads > 1:
+        orders += [executor_timeline(graph, kept, threads, seed) for seed in range(TIMELINES)]
     out = []
-    for n in sorted({1, threads}):
-        for pick in PICKS:
-            ops, wave_end = executor_waves(graph, kept, n, pick)
-            replay = Replay(functions_of(graph))
-            replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep)
-            free_at = [wave_end[f] if f >= 0 else -1 for f in replay.free_at]
-            workspace = [w for *_, w in replay.ops]
-            held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, free_at, workspace)
-            out.append((peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, free_at, workspace),
-                        peak_in_use(sum(held), chunks, replay.alloc_at, free_at, workspace)))
+    for ops, end_at in orders:
+        replay = Replay(functions_of(graph))
+        replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep, end_at=end_at)
+        workspace = [w for *_, w in replay.ops]
+        held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace)
+        out.append((peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
+                                workspace, end_at),
+                    peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, workspace, end_at)))
     return out
 
 
