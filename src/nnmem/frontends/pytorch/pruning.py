@@ -48,11 +48,18 @@ def prune_amount(argument: str) -> float:
 def prune_targets(model: nn.Module) -> list[str]:
     """Qualified names of the linear and convolution modules whose ``weight`` is a parameter not yet pruned.
 
+    ``nn.MultiheadAttention``'s ``out_proj`` is left out: the attention reads its weight directly, never calling
+    it, so the pruning hook would not run and training would reuse the weight the first step computed (its graph
+    freed: "Trying to backward through the graph a second time").
+
     Raises:
         UnsupportedError: the model has none.
     """
+    skipped = {f"{name}.{child}" if name else child for name, module in model.named_modules()
+               if isinstance(module, nn.MultiheadAttention) for child, _ in module.named_children()}
     names = [name for name, module in model.named_modules()
-             if isinstance(module, _TYPES) and isinstance(module._parameters.get("weight"), nn.Parameter)]
+             if isinstance(module, _TYPES) and isinstance(module._parameters.get("weight"), nn.Parameter)
+             and name not in skipped]
     if not names:
         raise UnsupportedError(f"{type(model).__name__} has no linear or convolution weight to prune")
     return names
