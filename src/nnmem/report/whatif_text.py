@@ -60,8 +60,13 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
         by_reason.setdefault(reason, []).append(technique)
     for reason, techniques in by_reason.items():
         lines.append(f"not applied: {', '.join(techniques)}: {reason}")
-    notes = sorted({n for row in (base, *w.rows) for n in row.report.notes})
-    lines += [f"note: {n}" for n in notes]
+    rows_of: dict[str, list[str]] = {}
+    for row in (base, *w.rows):
+        for n in row.report.notes:
+            rows_of.setdefault(n, []).append(row.technique)
+    for n in sorted(rows_of):  # a note every row has is the model's; else it names the rows it is about
+        which = rows_of[n]
+        lines.append(f"note: {n}" if len(which) == len(w.rows) + 1 else f"note ({', '.join(which)}): {n}")
     lines.append("saved: bytes less at the peak than the baseline (negative: the technique costs memory). Extra "
                  "compute: FLOPs added to the step (recomputed forwards) as torch's FlopCounterMode counts them: "
                  "matmuls, convolutions and attention; pointwise ops and norms are not counted. " + IEC_NOTE)
