@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from nnmem.cpu import CpuInfo
+from nnmem.errors import UnsupportedError
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, alloc_peak, aten, dtype_name, nbytes, round_up
 from nnmem.frontends.pytorch.workspace.matmul import onednn_matmul
 from nnmem.frontends.pytorch.workspace.rnn_native import NATIVE_INFER, PACKED, batch_sizes_of, rule_native_infer
@@ -98,6 +99,11 @@ def rule_mkldnn_rnn_layer(args: tuple[Any, ...], kwargs: dict[str, Any], out: An
     weights, hx, cx, reverse, batch_sizes, mode, hidden_size (9), num_layers, has_biases, bidirectional,
     batch_first, train (15)."""
     x, hidden = args[0], int(args[10])
+    supported = {torch.bfloat16: info.onednn_bf16, torch.float16: info.onednn_fp16}.get(x.dtype, True)
+    if not supported:  # autocast casts the layer's inputs after ATen chose oneDNN for the float32 LSTM
+        raise UnsupportedError(f"a {dtype_name(x.dtype)} LSTM runs through oneDNN here (torch.autocast casts "
+                               f"mkldnn_rnn_layer), and oneDNN has no {dtype_name(x.dtype)} LSTM on this CPU (ISA "
+                               f"{info.isa}): PyTorch fails with \"could not create a primitive descriptor\"")
     return _rnn_layer_scratch(x, hidden, bool(args[15]), info.onednn_block) if x.dim() == 3 else 0
 
 
