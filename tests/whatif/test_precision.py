@@ -49,3 +49,30 @@ def test_half_precision_halves_the_fixed_part_and_autocast_keeps_it() -> None:
 def test_an_unknown_dtype_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="autocast:bf16 or autocast:fp16"):
         nnmem.what_if(_model(), (torch.randn(4, 96),), techniques=["autocast:int8"])
+
+
+class _Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(x)[0])
+
+
+def test_a_float16_lstm_under_autocast_runs_where_onednn_has_one() -> None:
+    """autocast casts ``mkldnn_rnn_layer`` to float16 after ATen chose oneDNN for the float32 LSTM: where oneDNN
+    has no float16 LSTM (no AVX512-FP16 / AMX-FP16) the real step fails, and the estimate says so."""
+    from nnmem import cpu
+
+    inputs = (torch.randn(5, 3, 16),)
+    if cpu.describe().onednn_fp16:
+        result = nnmem.what_if(_Recurrent(), inputs, optimizer="sgd", techniques=["autocast:fp16"])
+        assert result.rows[0].peak_bytes > 0
+        return
+    with pytest.raises(nnmem.UnsupportedError, match="no float16 LSTM on this CPU"):
+        nnmem.what_if(_Recurrent(), inputs, optimizer="sgd", techniques=["autocast:fp16"])
+    model = _Recurrent()
+    nnmem.apply_technique(model, "autocast:fp16")
+    with pytest.raises((nnmem.MeasureError, nnmem.TraceError), match="primitive descriptor"):
+        nnmem.measure(model, inputs, optimizer="sgd", timeout_s=120)
