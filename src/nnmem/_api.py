@@ -61,10 +61,28 @@ def _accumulate(accumulate: Any, mode: str) -> int:
     return accumulate
 
 
+PRECISIONS = ("fp32", "bf16", "fp16", "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16")
+
+
+def _precision(precision: Any) -> str | None:
+    """The precision a step runs in: None for float32 as it is, else "autocast:DTYPE" or "half:DTYPE" ("bf16" and
+    "fp16" alone mean autocast, mixed precision)."""
+    if precision is None:
+        return None
+    text = precision.strip().lower() if isinstance(precision, str) else None
+    if text not in PRECISIONS:
+        raise ConfigError(f"expected precision as one of {', '.join(PRECISIONS)} (bf16 and fp16 alone: "
+                          f"torch.autocast). Received: precision={precision!r}")
+    if text == "fp32":
+        return None
+    return text if ":" in text else f"autocast:{text}"
+
+
 def step_request(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
                  loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
                  batch: int | None = None, input_shape: Any = None, accumulate: int = 1,
-                 checkpoint: str | None = None, optimizer_in_backward: bool = False) -> StepRequest:
+                 checkpoint: str | None = None, optimizer_in_backward: bool = False,
+                 precision: str | None = None) -> StepRequest:
     """The checked request for one step (the arguments of :func:`estimate`).
 
     Raises:
@@ -80,13 +98,14 @@ def step_request(model: Any, inputs: Any = None, *, mode: str = "train", optimiz
     return StepRequest(model=model, inputs=inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                        device=device, batch=batch, input_shape=_shapes(input_shape), name=_display_name(model),
                        accumulate=_accumulate(accumulate, mode), checkpoint=checkpoint,
-                       optimizer_in_backward=bool(optimizer_in_backward))
+                       optimizer_in_backward=bool(optimizer_in_backward), precision=_precision(precision))
 
 
 def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
              loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
              batch: int | None = None, input_shape: Any = None, accumulate: int = 1,
-             checkpoint: str | None = None, optimizer_in_backward: bool = False) -> Report:
+             checkpoint: str | None = None, optimizer_in_backward: bool = False,
+             precision: str | None = None) -> Report:
     """Estimate the peak memory of one training or inference step, without allocating it.
 
     Args:
@@ -112,6 +131,9 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
             "every:K", "sqrt" or "NAME[,NAME...]" (``nnmem.checkpoint_plan``).
         optimizer_in_backward: the optimizer steps inside backward (PyTorch): each parameter is updated and
             its gradient freed as soon as backward has accumulated it (one optimizer per parameter).
+        precision: (PyTorch) "bf16" / "fp16" or "autocast:bf16|fp16": the forward under ``torch.autocast``
+            (float32 master weights); "half:bf16|fp16": parameters, buffers and optimizer state in that dtype;
+            "fp32" or None: as it is.
 
     Returns:
         A Report whose ``peak_bytes`` is the level that decides an OOM on ``device``.
@@ -122,7 +144,8 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
     """
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                            device=device, batch=batch, input_shape=input_shape, accumulate=accumulate,
-                           checkpoint=checkpoint, optimizer_in_backward=optimizer_in_backward)
+                           checkpoint=checkpoint, optimizer_in_backward=optimizer_in_backward,
+                           precision=precision)
     return resolve(model).estimate(request)
 
 
@@ -130,7 +153,7 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
             batch: int | None = None, input_shape: Any = None, timeout_s: float | None = None,
             runs: int = 1, accumulate: int = 1, checkpoint: str | None = None,
-            optimizer_in_backward: bool = False) -> Report:
+            optimizer_in_backward: bool = False, precision: str | None = None) -> Report:
     """Run the step for real in a child process and report what it used, at every level.
 
     Takes the same arguments as :func:`estimate`. The child's death (OOM kill, crash) raises
@@ -146,7 +169,8 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
 
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                            device=device, batch=batch, input_shape=input_shape, accumulate=accumulate,
-                           checkpoint=checkpoint, optimizer_in_backward=optimizer_in_backward)
+                           checkpoint=checkpoint, optimizer_in_backward=optimizer_in_backward,
+                           precision=precision)
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
         raise ConfigError(f"expected runs as an integer from 1 to {MAX_RUNS} (fresh processes to measure in). "
                           f"Received: runs={runs!r}")

@@ -110,6 +110,9 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--checkpoint", default=None, metavar="PLAN",
                      help="Gradient checkpointing (PyTorch): blocks, every:K, sqrt or NAME[,NAME...]; see "
                           "`nnmem whatif`."),
+        click.option("--precision", default=None, metavar="PRECISION",
+                     help="Lower precision (PyTorch): bf16 or fp16 (torch.autocast, float32 master weights), "
+                          "half:bf16 or half:fp16 (parameters and optimizer state in that dtype), fp32."),
         click.option("--json", "as_json", is_flag=True, help="Print only JSON."),
     ]
     for option in reversed(options):
@@ -118,9 +121,11 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _step_kwargs(batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-                 device: str, accumulate: int = 1, checkpoint: str | None = None) -> dict[str, Any]:
+                 device: str, accumulate: int = 1, checkpoint: str | None = None,
+                 precision: str | None = None) -> dict[str, Any]:
     return {"batch": batch, "input_shape": input_shape or None, "mode": mode.lower(),
-            "optimizer": _opt(optimizer), "device": device, "accumulate": accumulate, "checkpoint": checkpoint}
+            "optimizer": _opt(optimizer), "device": device, "accumulate": accumulate, "checkpoint": checkpoint,
+            "precision": precision}
 
 
 def _opt(optimizer: str | None) -> str | None:
@@ -155,7 +160,8 @@ def cli() -> None:
 @cli.command()
 @_step_options
 def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-             device: str, budget: int | None, accumulate: int, checkpoint: str | None, as_json: bool) -> None:
+             device: str, budget: int | None, accumulate: int, checkpoint: str | None, precision: str | None,
+             as_json: bool) -> None:
     """Estimate the peak memory of one step of MODEL, without running it.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
@@ -163,7 +169,7 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
     (model, inputs[, target[, loss_fn]]).
     """
     report = nnmem.estimate(model, **_step_kwargs(batch, input_shape, mode, optimizer, device, accumulate,
-                                                  checkpoint))
+                                                  checkpoint, precision))
     if as_json:
         click.echo(report.to_json(budget_bytes=budget))
         return
@@ -179,15 +185,15 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
 @click.option("--runs", type=click.IntRange(1, 50), default=1, show_default=True,
               help="Fresh processes to measure in; reports the median run and every run's peak.")
 def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-            device: str, budget: int | None, accumulate: int, checkpoint: str | None, as_json: bool,
-            timeout_s: float | None, runs: int) -> None:
+            device: str, budget: int | None, accumulate: int, checkpoint: str | None, precision: str | None,
+            as_json: bool, timeout_s: float | None, runs: int) -> None:
     """Estimate MODEL's step, run it for real in a child process, and compare the two.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
     Default batch 32. --budget is checked against the measured peak. --runs N measures in N fresh processes
     (TensorFlow's peak differs between processes) and compares with the median run.
     """
-    kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device, accumulate, checkpoint)
+    kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device, accumulate, checkpoint, precision)
     estimated = nnmem.estimate(model, **kwargs)
     measured = nnmem.measure(model, **kwargs, timeout_s=timeout_s, runs=runs)
     comparison = nnmem.compare(estimated, measured)

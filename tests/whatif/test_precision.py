@@ -76,3 +76,21 @@ def test_a_float16_lstm_under_autocast_runs_where_onednn_has_one() -> None:
     nnmem.apply_technique(model, "autocast:fp16")
     with pytest.raises((nnmem.MeasureError, nnmem.TraceError), match="primitive descriptor"):
         nnmem.measure(model, inputs, optimizer="sgd", timeout_s=120)
+
+
+def test_estimate_measure_and_batch_search_take_a_precision() -> None:
+    from click.testing import CliRunner
+
+    from nnmem.cli import cli
+
+    estimated = nnmem.estimate("mlp", batch=8, optimizer="adam", precision="half:fp16")
+    measured = nnmem.measure("mlp", batch=8, optimizer="adam", precision="half:fp16", timeout_s=120)
+    assert abs(estimated.peak_bytes - measured.peak_bytes) <= 64 and estimated.meta["precision"] == "half:fp16"
+    row = nnmem.what_if("mlp", batch=8, optimizer="adam", techniques=["half:fp16"]).rows[0]
+    assert row.peak_bytes == estimated.peak_bytes
+    assert nnmem.estimate("mlp", batch=8, precision="fp16").meta["precision"] == "autocast:fp16"
+    assert "precision" not in nnmem.estimate("mlp", batch=8, precision="fp32").meta
+    plain = nnmem.max_batch("mlp", budget="4MiB", optimizer="adam").batch
+    assert nnmem.max_batch("mlp", budget="4MiB", optimizer="adam", precision="half:fp16").batch > plain
+    result = CliRunner().invoke(cli, ["estimate", "mlp", "--precision", "int4"])
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1 and "half:fp16" in result.stderr

@@ -42,6 +42,8 @@ class StepRequest:
             "sqrt", "NAME[,NAME...]"); None: none.
         optimizer_in_backward: each parameter is updated, and its gradient freed, inside backward (one
             optimizer per parameter, ``register_post_accumulate_grad_hook``).
+        precision: lower precision applied to the model for the step: "autocast:bf16|fp16" (the forward under
+            ``torch.autocast``) or "half:bf16|fp16" (parameters and buffers in that dtype); None: as it is.
     """
 
     model: Any
@@ -57,6 +59,7 @@ class StepRequest:
     accumulate: int = 1
     checkpoint: str | None = None
     optimizer_in_backward: bool = False
+    precision: str | None = None
 
     def with_(self, **changes: Any) -> StepRequest:
         """A copy with ``changes`` (requests are immutable)."""

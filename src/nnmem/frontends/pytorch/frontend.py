@@ -71,6 +71,16 @@ def _from_spec(request: StepRequest, batch: int, *, meta: bool) -> tuple[StepReq
                          loss_fn=request.loss_fn or built.loss_fn), notes
 
 
+def _lowered(request: StepRequest) -> AbstractContextManager[Any]:
+    """The request's precision applied to its model while tracing (nothing when it has none)."""
+    if request.precision is None:
+        return nullcontext()
+    from nnmem.frontends.pytorch.precision import lowered, precision_dtype
+
+    kind, _, name = request.precision.partition(":")
+    return lowered(request.model, kind, precision_dtype(kind, name))
+
+
 def _checkpointed(request: StepRequest) -> AbstractContextManager[Any]:
     """The request's checkpoint plan applied to its model while tracing (nothing when it has none)."""
     if request.checkpoint is None:
@@ -133,7 +143,7 @@ class PyTorchFrontend:
             request, notes = _from_spec(request, request.batch or 1, meta=True)
         meta: dict[str, object] = _meta(request) if batch is None else {"batch": batch}
         rules = WorkspaceRules()
-        with _checkpointed(request):
+        with _checkpointed(request), _lowered(request):
             try:
                 trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
                                         optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
@@ -152,6 +162,8 @@ class PyTorchFrontend:
             trace.meta["checkpoint"] = request.checkpoint
         if request.optimizer_in_backward:
             trace.meta["optimizer_in_backward"] = True
+        if request.precision is not None:
+            trace.meta["precision"] = request.precision
         if rules.notes:  # kernel paths this CPU takes that no rule models: a CPU report says so
             trace.meta["unmodelled"] = "\n".join(rules.notes)
         return request, trace, notes
@@ -217,6 +229,11 @@ class PyTorchFrontend:
                 from nnmem.frontends.pytorch.checkpointing import apply_checkpointing
 
                 apply_checkpointing(real.model, real.checkpoint)
+            if real.precision is not None:
+                from nnmem.frontends.pytorch.precision import apply_precision, precision_dtype
+
+                kind, _, name = real.precision.partition(":")
+                apply_precision(real.model, kind, precision_dtype(kind, name))
             if any(isinstance(t, torch.Tensor) and t.is_meta for t in inputs):
                 inputs = fake_copy(inputs)
             return measure_step(real.model, inputs, mode=real.mode, optimizer=real.optimizer, loss_fn=real.loss_fn,
