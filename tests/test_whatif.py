@@ -197,7 +197,7 @@ def test_cli_prints_the_table_and_json() -> None:
     (["whatif", "gpt", "--checkpoint", "blocks.9"], "no module named 'blocks.9'"),
     (["whatif", "gpt", "--checkpoint", "sqrt"], "ModuleList"),
     (["whatif", "gpt", "--checkpoint", "every:x"], "every:K"),
-    (["whatif", "keras_mlp"], "PyTorch models so far"),
+    (["whatif", "keras_mlp", "--technique", "inplace"], "PyTorch models so far"),
 ])
 def test_cli_bad_plans_are_one_line(args: list[str], needle: str) -> None:
     result = CliRunner().invoke(cli, args)

@@ -40,12 +40,13 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
     table.add_column("extra compute", justify="right", no_wrap=True)
     if w.budget_bytes is not None:
         table.add_column("largest batch train / infer", justify="right", no_wrap=True)
+    counted = base.flops > 0  # FLOPs are counted on PyTorch steps
     for row in (base, *w.rows):
         saved = w.saved(row)
         share = f"{100 * saved / base.peak_bytes:+.1f} %".replace("-", "−") if base.peak_bytes else "—"
         cells = [row.technique, format_bytes(row.peak_bytes),
                  "—" if row is base else f"{_signed(saved)} ({share})",
-                 "—" if row is base else f"{100 * w.extra_compute(row):+.1f} % FLOPs".replace("-", "−")]
+                 "—" if row is base or not counted else f"{100 * w.extra_compute(row):+.1f} % FLOPs".replace("-", "−")]
         if w.budget_bytes is not None:
             cells.append(" / ".join(f"{b:,}" if b is not None else "—" for b in (row.train_batch, row.infer_batch)))
         table.add_row(*cells)
@@ -68,8 +69,9 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
         which = rows_of[n]
         lines.append(f"note: {n}" if len(which) == len(w.rows) + 1 else f"note ({', '.join(which)}): {n}")
     lines.append("saved: bytes less at the peak than the baseline (negative: the technique costs memory). Extra "
-                 "compute: FLOPs added to the step (recomputed forwards) as torch's FlopCounterMode counts them: "
-                 "matmuls, convolutions and attention; pointwise ops and norms are not counted. " + IEC_NOTE)
+                 + ("compute: FLOPs added to the step (recomputed forwards) as torch's FlopCounterMode counts them: "
+                    "matmuls, convolutions and attention; pointwise ops and norms are not counted. " if counted else
+                    "compute: not counted on Keras steps (a dtype policy recomputes nothing). ") + IEC_NOTE)
     return _render(*lines, width=width)
 
 

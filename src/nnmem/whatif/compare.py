@@ -28,7 +28,8 @@ __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointi
 TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]",
               "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT",
               "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "optimizer:for-loop",
-              "optimizer:foreach", "optimizer:fused")
+              "optimizer:foreach", "optimizer:fused",
+              "policy:NAME (Keras)")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
                       "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5",
                       "autocast:bf16", "half:bf16", "optimizer:foreach", "optimizer:fused")
@@ -169,14 +170,6 @@ def _applied(model: Any, technique: str, mode: str) -> tuple[str, AbstractContex
         return (f"{amount:.0%} of the weights of {len(prune_targets(model))} linear/convolution layers zeroed "
                 f"by torch.nn.utils.prune (weight_orig + mask + the weight recomputed each forward)",
                 pruned(model, amount))
-    if kind in ("autocast", "half"):
-        from nnmem.frontends.pytorch.precision import lowered, precision_dtype
-
-        dtype = precision_dtype(kind, argument)
-        words = ("forward under torch.autocast: float32 weights, gradients and optimizer state, matmuls and "
-                 "convolutions in " if kind == "autocast" else "parameters, buffers, gradients and optimizer state "
-                 "in ")
-        return words + argument, lowered(model, kind, dtype)
     raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
 
 
@@ -257,8 +250,15 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             technique asked for by name that does not apply.
     """
     from nnmem import _fit, estimate
+    from nnmem.frontends.base import framework_of
     from nnmem.units import parse_size
 
+    if framework_of(model) == "keras":
+        from nnmem.whatif.keras_policy import keras_what_if
+
+        return keras_what_if(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
+                             batch=batch, input_shape=input_shape, techniques=techniques, budget=budget,
+                             progress=progress)
     asked = tuple(techniques) if techniques is not None else None
     budget_bytes = parse_size(budget) if budget is not None else None
     torch_model, inputs, target, loss_fn = _build(model, inputs, batch, target, loss_fn, input_shape)
@@ -316,7 +316,21 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         return TechniqueRow(technique, f"torch.optim's {name.split(':')[1]} step ({name})", report, baseline.flops,
                             train_batch, baseline.infer_batch)
 
-    step_changes = {"accumulate": accumulated, "optimizer-in-backward": in_backward, "optimizer": implementation}
+    def lowered(technique: str) -> TechniqueRow:
+        from nnmem.frontends.pytorch.precision import describe_precision
+
+        description = describe_precision(technique)
+        if progress:
+            progress(f"tracing {technique}")
+        report = estimate(torch_model, inputs, precision=technique, **step)
+        train_batch = infer_batch = None
+        if budget_bytes is not None:
+            train_batch = largest("train", precision=technique)
+            infer_batch = largest("infer", precision=technique)
+        return TechniqueRow(technique, description, report, baseline.flops, train_batch, infer_batch)
+
+    step_changes = {"accumulate": accumulated, "optimizer-in-backward": in_backward, "optimizer": implementation,
+                    "autocast": lowered, "half": lowered}
     baseline = row("baseline", "the step as it is")
     rows, skipped = [], []
     for technique in asked or DEFAULT_TECHNIQUES:
@@ -377,15 +391,27 @@ def apply_checkpointing(model: Any, plan: Any) -> Any:
     return apply(model, plan)
 
 
+def _is_keras(model: Any) -> bool:
+    return any(c.__module__.startswith("keras") for c in type(model).__mro__)
+
+
 def apply_technique(model: Any, technique: str) -> Any:
     """Apply a what-if technique (:data:`TECHNIQUES`: "checkpoint:PLAN", "inplace", "prune:AMOUNT",
     "autocast:DTYPE" or "half:DTYPE") to a PyTorch ``model`` for real, in place; returns the model. What
-    ``what_if`` predicts for it is what this model then uses.
+    ``what_if`` predicts for it is what this model then uses. A Keras model takes "policy:NAME" (a dtype policy:
+    mixed_bfloat16, mixed_float16, bfloat16, float16) and gets back a new model built under it, weights copied.
 
     Example:
         >>> model = nnmem.apply_technique(model, "inplace")  # doctest: +SKIP
     """
     kind, _, argument = technique.partition(":")
+    if kind == "policy" or _is_keras(model):
+        from nnmem.whatif.keras_policy import apply_policy, policy_of
+
+        if not _is_keras(model):
+            raise UnsupportedError(f"{technique!r} is a Keras dtype policy; for a PyTorch model use "
+                                   f"autocast:bf16|fp16 or half:bf16|fp16")
+        return apply_policy(model, policy_of(technique))
     if kind == "checkpoint":
         return apply_checkpointing(model, argument)
     if kind == "inplace" and not argument:

@@ -8,6 +8,7 @@ re-pointed at the loaded arrays, outside the allocator the step is measured on.
 from __future__ import annotations
 
 import warnings
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,14 @@ __all__ = ["load_file", "model_payload", "model_from_payload"]
 
 
 def model_payload(model: Any) -> bytes:
-    """The model's config, the classes it needs and whether its optimizer has state, pickled for the child."""
+    """The model's config, the classes it needs, whether its optimizer has state and the model's own dtype
+    policy, pickled for the child."""
     import cloudpickle
 
     try:
         config = keras.saving.serialize_keras_object(model)
-        payload = cloudpickle.dumps((config, _custom_objects(model), _optimizer_built(model)))
+        policy = str(model.dtype_policy.name)
+        payload = cloudpickle.dumps((config, _custom_objects(model), _optimizer_built(model), policy))
     except Exception as err:
         raise MeasureError(f"the Keras model cannot be sent to the measuring child process ({first_line(err, 200)}): "
                            "give custom layers and models a get_config() (keras.saving.register_keras_serializable), "
@@ -51,12 +54,16 @@ def _optimizer_built(model: Any) -> bool:
 
 def model_from_payload(payload: bytes) -> Any:
     """Build the model of :func:`_model_payload` afresh: from its config, compiled as the caller's was, its
-    optimizer's state built only where the caller's optimizer had state."""
+    optimizer's state built only where the caller's optimizer had state. It is built under the caller's model's
+    dtype policy: a model built under ``mixed_float16`` compiles with loss scaling, as the caller's did."""
     import cloudpickle
 
-    config, objects, optimizer_built = cloudpickle.loads(payload)
+    config, objects, optimizer_built, policy = cloudpickle.loads(payload)
     config = dict(config)
     compile_config = config.pop("compile_config", None)
+    previous = keras.config.dtype_policy()
+    with suppress(ValueError, TypeError):  # a policy Keras cannot set globally: the layers' configs carry theirs
+        keras.config.set_dtype_policy(policy)
     try:
         with keras.saving.custom_object_scope(objects):
             model = keras.saving.deserialize_keras_object(config, custom_objects=objects)
@@ -70,6 +77,8 @@ def model_from_payload(payload: bytes) -> Any:
                            f"({first_line(err, 200)}): "
                            "register custom classes with keras.saving.register_keras_serializable and give them "
                            "a get_config(), or measure a MODEL spec 'file.py:factory'") from err
+    finally:
+        keras.config.set_dtype_policy(previous)
     if optimizer_built and getattr(model, "optimizer", None) is not None and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     return model

@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_map
 
 from nnmem.errors import ConfigError
 
-__all__ = ["DTYPES", "apply_precision", "lowered", "precision_dtype"]
+__all__ = ["DTYPES", "apply_precision", "describe_precision", "lowered", "precision_dtype", "recurrent_note"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -41,6 +41,34 @@ def precision_dtype(kind: str, argument: str) -> torch.dtype:
     if argument not in DTYPES:
         raise ConfigError(f"expected {kind}:bf16 or {kind}:fp16. Received: {kind + ':' + argument!r}")
     return DTYPES[argument]
+
+
+def describe_precision(technique: str) -> str:
+    """What "autocast:DTYPE" / "half:DTYPE" changes, in words.
+
+    Raises:
+        ConfigError: not bf16 or fp16.
+    """
+    kind, _, name = technique.partition(":")
+    precision_dtype(kind, name)
+    if kind == "autocast":
+        return (f"forward under torch.autocast: float32 weights, gradients and optimizer state, matmuls and "
+                f"convolutions in {name}")
+    return f"parameters, buffers, gradients and optimizer state in {name}"
+
+
+def recurrent_note(model: nn.Module, kind: str, dtype: torch.dtype, mode: str) -> str | None:
+    """Under autocast an LSTM on oneDNN runs ``mkldnn_rnn_layer`` in ``dtype``; the trace's inference LSTM is
+    one float32 op, so its scratch there is the float32 one: not modelled (in training the layer op itself is
+    traced in ``dtype`` and its rule says so)."""
+    lstm = any(isinstance(m, nn.LSTM) and not m.proj_size for m in model.modules())
+    if kind != "autocast" or mode != "infer" or not lstm:
+        return None
+    from nnmem.cpu import describe
+
+    name = str(dtype).replace("torch.", "")
+    return (f"{name} LSTM under torch.autocast on oneDNN (ISA {describe().isa}): kernel scratch not modelled; the "
+            f"allocator level may be higher")
 
 
 def _autocast_forward(forward: Callable[..., Any], dtype: torch.dtype, *args: Any, **kwargs: Any) -> Any:
@@ -71,6 +99,8 @@ def _wrap(model: nn.Module, kind: str, dtype: torch.dtype) -> None:
 def lowered(model: nn.Module, kind: str, dtype: torch.dtype) -> Iterator[None]:
     """The model with ``kind`` ("autocast" or "half") at ``dtype`` inside the block, as it was after it. For
     "half" the floating-point parameters and buffers are meta tensors of ``dtype`` meanwhile."""
+    if kind == "autocast":
+        _check_recurrent(model, dtype)
     saved: list[tuple[dict[str, Any], str, Any]] = []
     if kind == "half":
         memo: dict[int, Any] = {}
@@ -97,6 +127,19 @@ def lowered(model: nn.Module, kind: str, dtype: torch.dtype) -> Iterator[None]:
             del model.forward
         for table, name, value in saved:
             table[name] = value
+
+
+def _check_recurrent(model: nn.Module, dtype: torch.dtype) -> None:
+    """Refuse autocast to ``dtype`` where the model's LSTMs run through oneDNN and oneDNN has no LSTM of that
+    dtype on this CPU: autocast casts ``mkldnn_rnn_layer``'s inputs and the real step fails ("could not create
+    a primitive descriptor"). The trace's inference LSTM is one op that autocast does not cast, so the rule that
+    catches it in training (:mod:`.workspace.rnn`) would not see it."""
+    from nnmem.cpu import describe
+    from nnmem.frontends.pytorch.workspace.rnn import refuse_unsupported
+
+    if torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and any(
+            isinstance(m, nn.LSTM) and not m.proj_size for m in model.modules()):
+        refuse_unsupported(dtype, describe())
 
 
 def apply_precision(model: nn.Module, kind: str, dtype: torch.dtype) -> nn.Module:

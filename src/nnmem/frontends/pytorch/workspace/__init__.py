@@ -64,6 +64,10 @@ class WorkspaceRules:
         """One line per kernel path met so far whose scratch no rule models on this CPU, in first-seen order."""
         return tuple(self._notes)
 
+    def notes_add(self, note: str) -> None:
+        """Add a kernel path the trace takes that no rule models (found outside the ops, e.g. from the model)."""
+        self._notes.setdefault(note)
+
     def workspace(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool) -> int:
         """Transient scratch the real CPU kernel allocates and frees inside the op, in bytes."""
         info = self.cpu

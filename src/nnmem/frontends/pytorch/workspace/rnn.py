@@ -99,12 +99,18 @@ def rule_mkldnn_rnn_layer(args: tuple[Any, ...], kwargs: dict[str, Any], out: An
     weights, hx, cx, reverse, batch_sizes, mode, hidden_size (9), num_layers, has_biases, bidirectional,
     batch_first, train (15)."""
     x, hidden = args[0], int(args[10])
-    supported = {torch.bfloat16: info.onednn_bf16, torch.float16: info.onednn_fp16}.get(x.dtype, True)
-    if not supported:  # autocast casts the layer's inputs after ATen chose oneDNN for the float32 LSTM
-        raise UnsupportedError(f"a {dtype_name(x.dtype)} LSTM runs through oneDNN here (torch.autocast casts "
-                               f"mkldnn_rnn_layer), and oneDNN has no {dtype_name(x.dtype)} LSTM on this CPU (ISA "
-                               f"{info.isa}): PyTorch fails with \"could not create a primitive descriptor\"")
+    refuse_unsupported(x.dtype, info)
     return _rnn_layer_scratch(x, hidden, bool(args[15]), info.onednn_block) if x.dim() == 3 else 0
+
+
+def refuse_unsupported(dtype: torch.dtype, info: CpuInfo) -> None:
+    """Raise where oneDNN has no LSTM of ``dtype`` on this CPU: autocast casts ``mkldnn_rnn_layer``'s inputs
+    after ATen chose oneDNN for the float32 LSTM, and the real step fails there."""
+    supported = {torch.bfloat16: info.onednn_bf16, torch.float16: info.onednn_fp16}.get(dtype, True)
+    if not supported:
+        raise UnsupportedError(f"a {dtype_name(dtype)} LSTM runs through oneDNN here (torch.autocast casts "
+                               f"mkldnn_rnn_layer), and oneDNN has no {dtype_name(dtype)} LSTM on this CPU (ISA "
+                               f"{info.isa}): PyTorch fails with \"could not create a primitive descriptor\"")
 
 
 def sizes_mkldnn_rnn_layer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[int] | None:

@@ -1,0 +1,53 @@
+"""Keras dtype policies as what-if rows, on whichever backend this process runs: the predicted step against the
+model rebuilt under the policy (``nnmem.apply_technique``) and measured."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("KERAS_BACKEND") not in ("torch", "jax", "tensorflow"):
+    pytest.skip("needs KERAS_BACKEND", allow_module_level=True)
+
+import keras
+
+import nnmem
+from nnmem.zoo.keras_models import FACTORIES
+
+BACKEND = keras.backend.backend()
+POLICY = {"torch": "mixed_float16", "jax": "mixed_float16", "tensorflow": "mixed_bfloat16"}[BACKEND]
+"""float16 matmuls on TensorFlow run Eigen's kernels on a CPU without AVX512-FP16 (not modelled); bfloat16 runs
+through oneDNN there. PyTorch's bfloat16 matmuls go through oneDNN on AVX-512 (scratch not modelled)."""
+
+
+@pytest.mark.accuracy
+def test_a_policy_row_matches_the_model_rebuilt_under_it() -> None:
+    model, x, y, loss = FACTORIES["keras_mlp"](8)
+    model.compile(optimizer="adam", loss=loss)
+    result = nnmem.what_if(model, x, target=y, techniques=[f"policy:{POLICY}"])
+    row = result.rows[0]
+    rebuilt = nnmem.apply_technique(model, f"policy:{POLICY}")
+    assert rebuilt.dtype_policy.name == POLICY and model.dtype_policy.name == "float32"
+    assert all(v.dtype == "float32" for v in rebuilt.trainable_variables)  # mixed: float32 master weights
+    runs = 3 if BACKEND == "tensorflow" else 1
+    measured = nnmem.measure(rebuilt, x, target=y, runs=runs, timeout_s=240)
+    if BACKEND == "tensorflow":  # a plain train_on_batch: its peak lies in the range of executor orders
+        low, high = row.report.peak_range
+        peaks = [int(p) for p in measured.meta["runs_peaks"]]
+        assert all(low <= p <= high for p in peaks), (low, high, peaks)
+    elif BACKEND == "torch":
+        assert abs(row.peak_bytes - measured.peak_bytes) <= 64, (row.peak_bytes, measured.peak_bytes)
+    else:  # the malloc truth of JAX (the zoo's accuracy target is 5 %)
+        assert abs(row.peak_bytes - measured.peak_bytes) <= 0.05 * measured.peak_bytes
+
+
+def test_spec_rows_and_what_is_refused() -> None:
+    result = nnmem.what_if("keras_mlp", batch=4, mode="infer", techniques=["policy:mixed_bfloat16"])
+    assert result.rows[0].report.meta["dtype_policy"] == "mixed_bfloat16"
+    assert result.baseline.report.meta["dtype_policy"] == "float32"
+    assert keras.config.dtype_policy().name == "float32"  # the global policy is put back
+    with pytest.raises(nnmem.UnsupportedError, match="PyTorch models so far"):
+        nnmem.what_if("keras_mlp", batch=4, techniques=["checkpoint:blocks"])
+    with pytest.raises(nnmem.ConfigError, match="policy:NAME"):
+        nnmem.what_if("keras_mlp", batch=4, techniques=["policy:int8"])
