@@ -1,0 +1,118 @@
+"""Keras dtype policies as what-if rows against the model built under the policy and measured, on one backend.
+
+Run:  KERAS_BACKEND=torch python benchmarks/whatif_keras.py [--models keras_mlp,keras_lstm] [--modes train,infer]
+      [--policies mixed_bfloat16,mixed_float16] [--batch 8] [--runs 3] [--json out.json]
+
+For each Keras zoo model (but keras_mixed_float16, already under a policy) and mode, ``nnmem.what_if`` traces
+the baseline and each ``policy:NAME`` row (the model's factory called under ``keras.config.set_dtype_policy``);
+each row is then measured with ``nnmem.measure`` on a factory that builds the model under the same policy in
+the measuring process. A row gives the predicted and measured peaks and the error. On TensorFlow the truth is a
+plain ``train_on_batch`` whose peak differs between processes: it is measured in ``--runs`` processes and the
+row says whether every run lies inside the estimate's range. A row whose report says a kernel path is not
+modelled on this CPU is marked "noted" and left out of the score.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _common import zoo_parser  # noqa: E402
+
+FACTORY = """
+import keras  # a factory file that imports keras is a Keras spec
+
+from nnmem.whatif.keras_policy import dtype_policy
+from nnmem.zoo.keras_models import FACTORIES
+
+
+def make(batch):
+    with dtype_policy({policy!r}):
+        return FACTORIES[{model!r}](batch)
+"""
+
+
+def rows(model: str, mode: str, batch: int, policies: list[str], runs: int, folder: str) -> list[dict[str, Any]]:
+    import keras
+
+    import nnmem
+
+    optimizer = "adam" if mode == "train" else None
+    try:
+        result = nnmem.what_if(model, mode=mode, batch=batch, optimizer=optimizer,
+                               techniques=[f"policy:{p}" for p in policies])
+    except nnmem.UnsupportedError as err:
+        print(f"{model:24s} {mode:5s} not applied: {err}", flush=True)
+        return []
+    tf = keras.backend.backend() == "tensorflow"
+    out = []
+    for row, policy in zip((result.baseline, *result.rows), ("float32", *policies)):
+        path = os.path.join(folder, f"{model}_{policy}.py")
+        with open(path, "w") as f:
+            f.write(FACTORY.format(policy=policy, model=model))
+        report = nnmem.measure(f"{path}:make", mode=mode, batch=batch, optimizer=optimizer,
+                               runs=runs if tf else 1, timeout_s=600)
+        peaks = [int(p) for p in report.meta.get("runs_peaks", [report.peak_bytes])]
+        predicted, measured = row.report.peak_bytes, report.peak_bytes
+        low, high = row.report.peak_range or (predicted, predicted)
+        noted = any("not modelled" in n for n in row.report.notes)
+        r = {"model": model, "mode": mode, "technique": row.technique, "predicted": predicted, "low": low,
+             "high": high, "measured": measured, "runs": peaks, "error": (predicted - measured) / measured,
+             "inside": all(low <= p <= high for p in peaks) if tf else None, "saved": result.saved(row),
+             "noted": noted}
+        out.append(r)
+        inside = f" {'inside' if r['inside'] else 'OUTSIDE'} {low:,}-{high:,}" if tf else ""
+        print(f"{model:24s} {mode:5s} {row.technique:22s} {predicted:>12,} {measured:>12,} {100 * r['error']:+8.2f}% "
+              f"{r['saved']:>11,}{inside}{'  noted' if noted else ''}", flush=True)
+    for technique, why in result.skipped:
+        print(f"{model:24s} {mode:5s} {technique:22s} not applied: {why}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import keras
+
+    from nnmem.zoo.keras_models import FACTORIES
+
+    parser = zoo_parser(__doc__)
+    parser.set_defaults(models=",".join(m for m in FACTORIES if m != "keras_mixed_float16"), batch=8)
+    parser.add_argument("--modes", default="train,infer")
+    parser.add_argument("--policies", default="mixed_bfloat16,mixed_float16")
+    parser.add_argument("--runs", type=int, default=3, help="fresh processes per TensorFlow measurement")
+    args = parser.parse_args(argv)
+    policies = [p for p in args.policies.split(",") if p]
+    print(f"Keras {keras.__version__} on {keras.backend.backend()}, batch {args.batch}")
+    print(f"{'model':24s} {'mode':5s} {'technique':22s} {'predicted':>12s} {'measured':>12s} {'error':>9s} "
+          f"{'saved':>11s}")
+    table: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as folder:
+        for mode in args.modes.split(","):
+            for model in args.models.split(","):
+                table += rows(model, mode, args.batch, policies, args.runs, folder)
+    scored = [r for r in table if r["technique"] != "baseline" and not r["noted"]]
+    if scored:
+        errors = [abs(r["error"]) for r in scored]
+        print(f"\n{len(scored)} policy rows scored: |error| median {100 * statistics.median(errors):.2f} %, "
+              f"max {100 * max(errors):.2f} %", end="")
+        if keras.backend.backend() == "tensorflow":
+            print(f"; every run inside the range in {sum(bool(r['inside']) for r in scored)} of {len(scored)}",
+                  end="")
+        print()
+    noted = [r["error"] for r in table if r["technique"] != "baseline" and r["noted"]]
+    if noted:
+        print(f"{len(noted)} noted (a kernel path not modelled on this CPU, said in the report): error from "
+              f"{100 * min(noted):+.2f} % to {100 * max(noted):+.2f} %")
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(table, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
