@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import tempfile
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _common import zoo_parser  # noqa: E402
+from _common import print_score, zoo_parser  # noqa: E402
 
 EXTRA = ("autocast:fp16", "half:fp16")
 """Techniques measured besides what_if's defaults: float16 runs ATen's own kernels on every CPU."""
@@ -121,14 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes.split(","):
             for model in models:
                 table += rows(model, mode, args.batch, args.optimizer if mode == "train" else None, folder)
-    errors = [abs(r["error"]) for r in table if r["technique"] != "baseline" and not r["noted"]]
-    noted = [r["error"] for r in table if r["technique"] != "baseline" and r["noted"]]
-    if errors:
-        print(f"\n{len(errors)} techniques applied and scored: |error| median {100 * statistics.median(errors):.2f} %, "
-              f"max {100 * max(errors):.2f} %")
-    if noted:
-        print(f"{len(noted)} noted (a kernel path not modelled on this CPU, said in the report): error from "
-              f"{100 * min(noted):+.2f} % to {100 * max(noted):+.2f} %")
+    print_score(table, "techniques applied and")
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(table, f, indent=2)

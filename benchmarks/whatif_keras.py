@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import tempfile
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _common import zoo_parser  # noqa: E402
+from _common import print_score, zoo_parser  # noqa: E402
 
 FACTORY = """
 import keras  # a factory file that imports keras is a Keras spec
@@ -95,19 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes.split(","):
             for model in args.models.split(","):
                 table += rows(model, mode, args.batch, policies, args.runs, folder)
-    scored = [r for r in table if r["technique"] != "baseline" and not r["noted"]]
-    if scored:
-        errors = [abs(r["error"]) for r in scored]
-        print(f"\n{len(scored)} policy rows scored: |error| median {100 * statistics.median(errors):.2f} %, "
-              f"max {100 * max(errors):.2f} %", end="")
-        if keras.backend.backend() == "tensorflow":
-            print(f"; every run inside the range in {sum(bool(r['inside']) for r in scored)} of {len(scored)}",
-                  end="")
-        print()
-    noted = [r["error"] for r in table if r["technique"] != "baseline" and r["noted"]]
-    if noted:
-        print(f"{len(noted)} noted (a kernel path not modelled on this CPU, said in the report): error from "
-              f"{100 * min(noted):+.2f} % to {100 * max(noted):+.2f} %")
+    scored = print_score(table, "policy rows")
+    if scored and keras.backend.backend() == "tensorflow":
+        print(f"every run inside the range in {sum(bool(r['inside']) for r in scored)} of {len(scored)} rows")
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(table, f, indent=2)
