@@ -178,7 +178,8 @@ def test_a_plan_applied_keeps_names_pickles_and_is_undone(source: Path) -> None:
 def test_inference_and_in_place_plans_are_said_not_applied() -> None:
     result = nnmem.what_if("gpt", batch=2, mode="infer")
     # the MLP blocks' Dropout after a Linear; pruning and lower precision change inference too
-    assert [r.technique for r in result.rows] == ["inplace", "prune:0.5", "autocast:bf16", "half:bf16"]
+    assert [r.technique for r in result.rows] == ["inplace", "prune:0.5", "prune-channels:0.5", "autocast:bf16",
+                                                  "half:bf16"]
     assert all("training only" in why or "ModuleList" in why for _, why in result.skipped)
     vgg = nnmem.what_if("vgg", batch=2, optimizer="sgd")  # ReLU(inplace=True) after a checkpointed segment
     assert any("PyTorch refuses" in why for _, why in vgg.skipped)

@@ -27,11 +27,12 @@ __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointi
 
 TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]",
               "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT",
-              "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "optimizer:for-loop",
+              "prune-channels:AMOUNT", "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "optimizer:for-loop",
               "optimizer:foreach", "optimizer:fused",
               "policy:NAME (Keras)")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
                       "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5",
+                      "prune-channels:0.5",
                       "autocast:bf16", "half:bf16", "optimizer:foreach", "optimizer:fused")
 
 
@@ -170,6 +171,14 @@ def _applied(model: Any, technique: str, mode: str) -> tuple[str, AbstractContex
         return (f"{amount:.0%} of the weights of {len(prune_targets(model))} linear/convolution layers zeroed "
                 f"by torch.nn.utils.prune (weight_orig + mask + the weight recomputed each forward)",
                 pruned(model, amount))
+    if kind == "prune-channels":
+        from nnmem.frontends.pytorch.channel_pruning import channel_pairs, channels_pruned
+        from nnmem.frontends.pytorch.pruning import prune_amount
+
+        amount = prune_amount(argument, kind)
+        return (f"{amount:.0%} of the output channels of {len(channel_pairs(model))} layers removed with the "
+                f"next layer's inputs (smaller weights, gradients, optimizer state and activations)",
+                channels_pruned(model, amount))
     raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
 
 
@@ -397,9 +406,10 @@ def _is_keras(model: Any) -> bool:
 
 def apply_technique(model: Any, technique: str) -> Any:
     """Apply a what-if technique (:data:`TECHNIQUES`: "checkpoint:PLAN", "inplace", "prune:AMOUNT",
-    "autocast:DTYPE" or "half:DTYPE") to a PyTorch ``model`` for real, in place; returns the model. What
-    ``what_if`` predicts for it is what this model then uses. A Keras model takes "policy:NAME" (a dtype policy:
-    mixed_bfloat16, mixed_float16, bfloat16, float16) and gets back a new model built under it, weights copied.
+    "prune-channels:AMOUNT", "autocast:DTYPE" or "half:DTYPE") to a PyTorch ``model`` for real, in place;
+    returns the model. What ``what_if`` predicts for it is what this model then uses. A Keras model takes
+    "policy:NAME" (a dtype policy: mixed_bfloat16, mixed_float16, bfloat16, float16) and gets back a new model
+    built under it, weights copied.
 
     Example:
         >>> model = nnmem.apply_technique(model, "inplace")  # doctest: +SKIP
@@ -422,6 +432,11 @@ def apply_technique(model: Any, technique: str) -> Any:
         from nnmem.frontends.pytorch.pruning import apply_pruning, prune_amount
 
         return apply_pruning(model, prune_amount(argument))
+    if kind == "prune-channels":
+        from nnmem.frontends.pytorch.channel_pruning import apply_channel_pruning
+        from nnmem.frontends.pytorch.pruning import prune_amount
+
+        return apply_channel_pruning(model, prune_amount(argument, kind))
     if kind in ("autocast", "half"):
         from nnmem.frontends.pytorch.precision import apply_precision, precision_dtype
 

@@ -29,8 +29,8 @@ __all__ = ["apply_pruning", "prune_amount", "prune_targets", "pruned"]
 _TYPES = (nn.Linear, nn.modules.conv._ConvNd)
 
 
-def prune_amount(argument: str) -> float:
-    """The fraction of "prune:AMOUNT" (0 < AMOUNT < 1).
+def prune_amount(argument: str, kind: str = "prune") -> float:
+    """The fraction of "prune:AMOUNT" / "prune-channels:AMOUNT" (0 < AMOUNT < 1).
 
     Raises:
         ConfigError: not a number strictly between 0 and 1.
@@ -40,8 +40,9 @@ def prune_amount(argument: str) -> float:
     except ValueError:
         amount = -1.0
     if not 0.0 < amount < 1.0:
-        raise ConfigError(f"expected prune:AMOUNT with AMOUNT the fraction of weights to zero, between 0 and 1 "
-                          f"(e.g. prune:0.5). Received: {'prune:' + argument!r}")
+        what = "weights to zero" if kind == "prune" else "output channels to remove"
+        raise ConfigError(f"expected {kind}:AMOUNT with AMOUNT the fraction of {what}, between 0 and 1 "
+                          f"(e.g. {kind}:0.5). Received: {kind + ':' + argument!r}")
     return amount
 
 
