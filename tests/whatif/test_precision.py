@@ -94,3 +94,24 @@ def test_estimate_measure_and_batch_search_take_a_precision() -> None:
     assert nnmem.max_batch("mlp", budget="4MiB", optimizer="adam", precision="half:fp16").batch > plain
     result = CliRunner().invoke(cli, ["estimate", "mlp", "--precision", "int4"])
     assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1 and "half:fp16" in result.stderr
+
+
+class _Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.lin(x)  # under autocast: a float16 output added into the float32 input
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_a_mixed_dtype_add_converts_its_float16_input_on_a_cpu(mode: str) -> None:
+    """TensorIterator gives the float16 input a float32 copy for the op (aten/src/ATen/TensorIterator.cpp)."""
+    inputs = (torch.randn(256, 64),)
+    optimizer = "sgd" if mode == "train" else None
+    estimated = nnmem.estimate(_Residual(), inputs, mode=mode, optimizer=optimizer, precision="fp16")
+    assert estimated.breakdown.get("kernel workspace", 0) >= 256 * 64 * 4 or mode == "train"
+    model = nnmem.apply_technique(_Residual(), "autocast:fp16")
+    measured = nnmem.measure(model, inputs, mode=mode, optimizer=optimizer, timeout_s=120)
+    assert abs(estimated.peaks["allocator"] - measured.peaks["allocator"]) <= 64, (estimated.peaks, measured.peaks)

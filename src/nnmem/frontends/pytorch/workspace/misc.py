@@ -1,9 +1,12 @@
 """The workspace rules of the other ops with kernel scratch: embedding backward, a linear layer on an input whose
-leading dimensions do not fold, eval-mode dropout; each cites the ATen source it follows."""
+leading dimensions do not fold, binary ops on inputs of mixed floating dtypes, eval-mode dropout; each cites the
+ATen source it follows."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import aten, nbytes
@@ -33,9 +36,32 @@ def rule_linear(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, trainin
     return 0 if x.dim() < 3 or _folds(x) else nbytes(x)
 
 
+def rule_promoted_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,
+                         info: CpuInfo) -> int:
+    """A binary op whose tensor inputs have different floating dtypes (a float16 ``add`` into a float32 residual
+    under autocast): on a CPU, ``TensorIteratorBase::compute_types`` (aten/src/ATen/TensorIterator.cpp) gives
+    each input of another dtype than the common one a converted copy (``op.tensor().to(common_dtype_)``,
+    ``promote_inputs_to_common_dtype``), freed when the op ends; and an output of another dtype (the in-place
+    ``add_`` of a float16 tensor and a float32 one) a temporary of the common dtype, copied back
+    (``cast_common_dtype_to_outputs``). Zero-dimensional inputs (scalars) are left out: a few bytes."""
+    tensors = [a for a in args[:2] if isinstance(a, torch.Tensor)]
+    if len(tensors) < 2 or not all(t.is_floating_point() for t in tensors) or tensors[0].dtype == tensors[1].dtype:
+        return 0
+    common = torch.result_type(tensors[0], tensors[1])
+    size = common.itemsize if hasattr(common, "itemsize") else torch.empty((), dtype=common).element_size()
+    total = sum(t.numel() * size for t in tensors if t.dim() > 0 and t.dtype != common)
+    written = out if isinstance(out, torch.Tensor) else None
+    if written is not None and written.dtype != common:
+        total += written.numel() * size
+    return total
+
+
+_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 WORKSPACE = {
     aten.embedding_dense_backward.default: rule_embedding_backward,
     aten.linear.default: rule_linear,
+    **{getattr(aten, name).Tensor: rule_promoted_inputs for name in _BINARY if hasattr(getattr(aten, name), "Tensor")},
+    **{getattr(aten, name + "_").Tensor: rule_promoted_inputs for name in ("add", "sub", "mul", "div")},
 }
 
 
