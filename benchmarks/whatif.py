@@ -6,8 +6,9 @@ Run:  python benchmarks/whatif.py [--models gpt,resnet] [--modes train,infer] [-
 For each PyTorch model of the zoo (and HuggingFace GPT-2, BERT and Llama built from configs:
 ``benchmarks/hf_models.py``) and each mode, ``nnmem.what_if`` traces the baseline step and each technique
 that applies (``nnmem.whatif.compare.DEFAULT_TECHNIQUES``: checkpoint plans, gradient accumulation, the optimizer
-in backward and its fused / foreach steps in training; in-place activations, ``prune:0.5``, ``autocast:bf16`` and
-``half:bf16`` in both modes; plus ``autocast:fp16`` and ``half:fp16``); every technique is then applied for real
+in backward and its fused / foreach steps in training; in-place activations, ``prune:0.5``,
+``prune-channels:0.5``, ``autocast:bf16`` and ``half:bf16`` in both modes; plus ``autocast:fp16`` and
+``half:fp16``); every technique is then applied for real
 (``nnmem.apply_technique`` inside a factory the measuring child runs; accumulation, the optimizer in backward and
 its implementation: ``nnmem.measure(..., accumulate=K)`` on one micro-batch, ``optimizer_in_backward=True``,
 ``optimizer="adam:fused"``) and measured with ``nnmem.measure``.
