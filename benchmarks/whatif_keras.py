@@ -1,14 +1,17 @@
-"""Keras dtype policies as what-if rows against the model built under the policy and measured, on one backend.
+"""Keras what-if rows (dtype policies, rematerialization) against the model built that way and measured, on one
+backend.
 
 Run:  KERAS_BACKEND=torch python benchmarks/whatif_keras.py [--models keras_mlp,keras_lstm] [--modes train,infer]
-      [--policies mixed_bfloat16,mixed_float16] [--batch 8] [--runs 3] [--json out.json]
+      [--techniques policy:mixed_bfloat16,policy:mixed_float16,remat:full,remat:activations] [--batch 8]
+      [--runs 3] [--json out.json]
 
 For each Keras zoo model (but keras_mixed_float16, already under a policy) and mode, ``nnmem.what_if`` traces
-the baseline and each ``policy:NAME`` row (the model's factory called under ``keras.config.set_dtype_policy``);
-each row is then measured with ``nnmem.measure`` on a factory that builds the model under the same policy in
-the measuring process. A row gives the predicted and measured peaks and the error. On TensorFlow the truth is a
-plain ``train_on_batch`` whose peak differs between processes: it is measured in ``--runs`` processes and the
-row says whether every run lies inside the estimate's range. A row whose report says a kernel path is not
+the baseline and each row (the model's factory called under ``keras.config.set_dtype_policy`` or inside a
+``keras.RematScope``; rematerialization in training only); each row is then measured with ``nnmem.measure`` on
+a factory that builds the model the same way in the measuring process. A row gives the predicted and measured
+peaks and the error. On TensorFlow the truth is a plain ``train_on_batch`` whose peak differs between
+processes: it is measured in ``--runs`` processes and the row says whether every run lies inside the
+estimate's range. A row whose report says a kernel path is not
 modelled on this CPU is marked "noted" and left out of the score.
 """
 
@@ -27,17 +30,19 @@ from _common import print_score, zoo_parser  # noqa: E402
 FACTORY = """
 import keras  # a factory file that imports keras is a Keras spec
 
-from nnmem.whatif.keras_policy import dtype_policy
+from nnmem.whatif.keras_policy import built_under
 from nnmem.zoo.keras_models import FACTORIES
 
 
 def make(batch):
-    with dtype_policy({policy!r}):
+    if {technique!r} == "baseline":
+        return FACTORIES[{model!r}](batch)
+    with built_under({technique!r}):
         return FACTORIES[{model!r}](batch)
 """
 
 
-def rows(model: str, mode: str, batch: int, policies: list[str], runs: int, folder: str) -> list[dict[str, Any]]:
+def rows(model: str, mode: str, batch: int, techniques: list[str], runs: int, folder: str) -> list[dict[str, Any]]:
     import keras
 
     import nnmem
@@ -45,16 +50,16 @@ def rows(model: str, mode: str, batch: int, policies: list[str], runs: int, fold
     optimizer = "adam" if mode == "train" else None
     try:
         result = nnmem.what_if(model, mode=mode, batch=batch, optimizer=optimizer,
-                               techniques=[f"policy:{p}" for p in policies])
+                               techniques=[t for t in techniques if mode == "train" or not t.startswith("remat:")])
     except nnmem.UnsupportedError as err:
         print(f"{model:24s} {mode:5s} not applied: {err}", flush=True)
         return []
     tf = keras.backend.backend() == "tensorflow"
     out = []
-    for row, policy in zip((result.baseline, *result.rows), ("float32", *policies)):
-        path = os.path.join(folder, f"{model}_{policy}.py")
+    for row in (result.baseline, *result.rows):
+        path = os.path.join(folder, f"{model}_{row.technique.replace(':', '_').replace(',', '_')}.py")
         with open(path, "w") as f:
-            f.write(FACTORY.format(policy=policy, model=model))
+            f.write(FACTORY.format(technique=row.technique, model=model))
         report = nnmem.measure(f"{path}:make", mode=mode, batch=batch, optimizer=optimizer,
                                runs=runs if tf else 1, timeout_s=600)
         peaks = [int(p) for p in report.meta.get("runs_peaks", [report.peak_bytes])]
@@ -82,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = zoo_parser(__doc__)
     parser.set_defaults(models=",".join(m for m in FACTORIES if m != "keras_mixed_float16"), batch=8)
     parser.add_argument("--modes", default="train,infer")
-    parser.add_argument("--policies", default="mixed_bfloat16,mixed_float16")
+    parser.add_argument("--techniques", default="policy:mixed_bfloat16,policy:mixed_float16,remat:full,"
+                                                  "remat:activations")
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per TensorFlow measurement")
     args = parser.parse_args(argv)
-    policies = [p for p in args.policies.split(",") if p]
+    techniques = [t for t in args.techniques.split(",") if t]
     print(f"Keras {keras.__version__} on {keras.backend.backend()}, batch {args.batch}")
     print(f"{'model':24s} {'mode':5s} {'technique':22s} {'predicted':>12s} {'measured':>12s} {'error':>9s} "
           f"{'saved':>11s}")
@@ -93,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for mode in args.modes.split(","):
             for model in args.models.split(","):
-                table += rows(model, mode, args.batch, policies, args.runs, folder)
-    scored = print_score(table, "policy rows")
+                table += rows(model, mode, args.batch, techniques, args.runs, folder)
+    scored = print_score(table, "technique rows")
     if scored and keras.backend.backend() == "tensorflow":
         print(f"every run inside the range in {sum(bool(r['inside']) for r in scored)} of {len(scored)} rows")
     if args.json_path:

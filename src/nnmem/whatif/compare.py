@@ -29,7 +29,7 @@ TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "che
               "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT",
               "prune-channels:AMOUNT", "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "optimizer:for-loop",
               "optimizer:foreach", "optimizer:fused",
-              "policy:NAME (Keras)")
+              "policy:NAME (Keras)", "remat:full|activations|NAMES (Keras)")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
                       "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5",
                       "prune-channels:0.5",
@@ -408,20 +408,21 @@ def apply_technique(model: Any, technique: str) -> Any:
     """Apply a what-if technique (:data:`TECHNIQUES`: "checkpoint:PLAN", "inplace", "prune:AMOUNT",
     "prune-channels:AMOUNT", "autocast:DTYPE" or "half:DTYPE") to a PyTorch ``model`` for real, in place;
     returns the model. What ``what_if`` predicts for it is what this model then uses. A Keras model takes
-    "policy:NAME" (a dtype policy: mixed_bfloat16, mixed_float16, bfloat16, float16) and gets back a new model
-    built under it, weights copied.
+    "policy:NAME" (a dtype policy: mixed_bfloat16, mixed_float16, bfloat16, float16) or "remat:MODE"
+    (``keras.RematScope``: full, activations or layer names) and gets back a new model built under it, weights
+    copied.
 
     Example:
         >>> model = nnmem.apply_technique(model, "inplace")  # doctest: +SKIP
     """
     kind, _, argument = technique.partition(":")
-    if kind == "policy" or _is_keras(model):
-        from nnmem.whatif.keras_policy import apply_policy, policy_of
+    if kind in ("policy", "remat") or _is_keras(model):
+        from nnmem.whatif.keras_policy import apply_technique as apply_keras
 
         if not _is_keras(model):
-            raise UnsupportedError(f"{technique!r} is a Keras dtype policy; for a PyTorch model use "
-                                   f"autocast:bf16|fp16 or half:bf16|fp16")
-        return apply_policy(model, policy_of(technique))
+            raise UnsupportedError(f"{technique!r} is a Keras technique; for a PyTorch model use autocast:DTYPE, "
+                                   f"half:DTYPE (precision) or checkpoint:PLAN (recomputation)")
+        return apply_keras(model, technique)
     if kind == "checkpoint":
         return apply_checkpointing(model, argument)
     if kind == "inplace" and not argument:

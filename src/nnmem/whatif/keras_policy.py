@@ -1,12 +1,15 @@
-"""Keras dtype policies as what-if techniques: the model built again under a policy and traced like any step.
+"""Keras techniques for what-if: the model built again under a dtype policy or a rematerialization scope and
+traced like any step.
 
 ``policy:mixed_bfloat16`` / ``policy:mixed_float16`` keep float32 variables (and optimizer state) and compute in
 the lower dtype; under ``mixed_float16`` ``compile`` also wraps the optimizer in a ``LossScaleOptimizer`` (a loss
 scale and a step counter more, and the gradients unscaled in a copy). ``policy:bfloat16`` / ``policy:float16``
-put the variables in the lower dtype too. A MODEL spec's factory is called under the policy
-(``keras.config.set_dtype_policy``), as a user's code would build it; a model object is cloned layer by layer
-(``keras.models.clone_model``) under the policy, its weights copied. Each row is then estimated on this
-process's backend like any Keras step.
+put the variables in the lower dtype too. ``remat:full`` / ``remat:activations`` / ``remat:NAME[,NAME...]``
+build the layers under ``keras.RematScope`` (every layer's call, only activations, or the named layers
+recomputed in backward: ``torch.utils.checkpoint``, ``jax.checkpoint`` or ``tf.recompute_grad`` underneath).
+A MODEL spec's factory is called under the policy or scope, as a user's code would build it; a model object is
+cloned layer by layer (``keras.models.clone_model``) under it, its weights copied. Each row is then estimated
+on this process's backend like any Keras step.
 """
 
 from __future__ import annotations
@@ -17,26 +20,60 @@ from typing import Any
 
 from nnmem.errors import ConfigError, TraceError, UnsupportedError
 
-__all__ = ["DEFAULT_KERAS_TECHNIQUES", "KERAS_TECHNIQUES", "apply_policy", "dtype_policy", "keras_what_if"]
+__all__ = ["DEFAULT_KERAS_TECHNIQUES", "KERAS_TECHNIQUES", "apply_technique", "dtype_policy", "keras_what_if"]
 
 POLICIES = ("mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
-KERAS_TECHNIQUES = tuple(f"policy:{p}" for p in POLICIES)
-DEFAULT_KERAS_TECHNIQUES = ("policy:mixed_bfloat16", "policy:mixed_float16")
+KERAS_TECHNIQUES = (*(f"policy:{p}" for p in POLICIES), "remat:full", "remat:activations", "remat:NAME[,NAME...]")
+DEFAULT_KERAS_TECHNIQUES = ("policy:mixed_bfloat16", "policy:mixed_float16", "remat:full", "remat:activations")
 
 
 def policy_of(technique: str) -> str:
-    """The policy name of "policy:NAME".
+    """The policy name of "policy:NAME", or "" for a "remat:..." technique.
 
     Raises:
-        ConfigError: not a dtype policy nnmem applies. UnsupportedError: a PyTorch technique.
+        ConfigError: not a dtype policy nnmem applies, or a remat technique without its mode or layers.
+        UnsupportedError: a PyTorch technique.
     """
     kind, _, name = technique.partition(":")
+    if kind == "remat":
+        if not name:
+            raise ConfigError(f"expected remat:full, remat:activations or remat:NAME[,NAME...] (layer names). "
+                              f"Received: {technique!r}")
+        return ""
     if kind != "policy":
         raise UnsupportedError(f"{technique!r} is applied to PyTorch models so far; Keras models take "
                                f"{', '.join(KERAS_TECHNIQUES)}")
     if name not in POLICIES:
         raise ConfigError(f"expected policy:NAME with NAME one of {', '.join(POLICIES)}. Received: {technique!r}")
     return name
+
+
+def remat_scope(technique: str) -> Any:
+    """The ``keras.RematScope`` of "remat:full", "remat:activations" or "remat:NAME[,NAME...]"."""
+    import keras
+
+    mode = technique.partition(":")[2]
+    if mode in ("full", "activations"):
+        return keras.RematScope(mode=mode)
+    return keras.RematScope(mode="list_of_layers", layer_names=[n for n in mode.split(",") if n])
+
+
+def built_under(technique: str) -> Any:
+    """The context a technique's model is built in: its dtype policy or its rematerialization scope."""
+    name = policy_of(technique)
+    return dtype_policy(name) if name else remat_scope(technique)
+
+
+def describe(technique: str) -> str:
+    """What a Keras technique changes, in words."""
+    name = policy_of(technique)
+    if not name:
+        what = technique.partition(":")[2]
+        which = {"full": "every layer's call", "activations": "the layers' activations"}.get(what, f"layers {what}")
+        return f"keras.RematScope: {which} recomputed in backward instead of kept"
+    if name.startswith("mixed_"):
+        return f"Keras dtype policy {name}: float32 variables and optimizer state, compute in {name.split('_')[1]}"
+    return f"Keras dtype policy {name}: variables and compute in {name}"
 
 
 @contextmanager
@@ -52,23 +89,26 @@ def dtype_policy(name: str) -> Iterator[None]:
         keras.config.set_dtype_policy(previous)
 
 
-def apply_policy(model: Any, name: str) -> Any:
-    """A copy of the Keras ``model`` built under the policy ``name`` (every layer but the inputs), its weights
-    copied; compiled like the original when it was (``compile`` adds loss scaling under mixed_float16)."""
+def apply_technique(model: Any, technique: str) -> Any:
+    """A copy of the Keras ``model`` built under the technique's dtype policy or rematerialization scope (every
+    layer but the inputs), its weights copied; compiled like the original when it was (``compile`` adds loss
+    scaling under mixed_float16)."""
     import keras
+
+    name = policy_of(technique)
 
     def clone(layer: Any) -> Any:
         if isinstance(layer, keras.layers.InputLayer):
             return layer
-        return layer.__class__.from_config({**layer.get_config(), "dtype": name})
+        return layer.__class__.from_config({**layer.get_config(), **({"dtype": name} if name else {})})
 
-    with dtype_policy(name):
+    with built_under(technique):
         try:
             copy = keras.models.clone_model(model, clone_function=clone)
         except (ValueError, TypeError, NotImplementedError) as err:
-            raise UnsupportedError(f"{model.name} cannot be rebuilt under {name} (keras.models.clone_model: "
-                                   f"{str(err).splitlines()[0]}): build it under the policy with "
-                                   f"keras.config.set_dtype_policy({name!r})") from err
+            raise UnsupportedError(f"{model.name} cannot be rebuilt under {technique} (keras.models.clone_model: "
+                                   f"{str(err).splitlines()[0]}): build it under the policy or scope "
+                                   f"yourself") from err
         copy.set_weights(model.get_weights())
         if model.compiled:
             opt = model.optimizer
@@ -103,20 +143,23 @@ def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, 
                                    **{**fit, "optimizer": None}).batch
         return TechniqueRow(technique, description, report, 0, train, infer)
 
-    policies = [(technique, policy_of(technique)) for technique in asked or DEFAULT_KERAS_TECHNIQUES]
+    chosen = [(technique, policy_of(technique)) for technique in asked or DEFAULT_KERAS_TECHNIQUES]
     baseline = row("baseline", "the step as it is", model)
     rows, skipped = [], []
-    for technique, name in policies:
-        described = (f"Keras dtype policy {name}: " + ("float32 variables and optimizer state, compute in "
-                                                       f"{name.split('_')[1]}" if name.startswith("mixed_")
-                                                       else f"variables and compute in {name}"))
+    for technique, name in chosen:
+        if not name and mode != "train":
+            if asked is not None:
+                raise UnsupportedError(f"{technique}: rematerialization changes training only")
+            skipped.append((technique, "rematerialization changes training only"))
+            continue
         try:
             if isinstance(model, str):
-                with dtype_policy(name):
-                    rows.append(row(technique, described, model))
+                with built_under(technique):
+                    rows.append(row(technique, describe(technique), model))
             else:
-                rows.append(row(technique, described, apply_policy(model, name)))
-        except (TraceError, UnsupportedError) as err:  # e.g. XLA on a CPU has no float16 dot with float32 sums
+                rows.append(row(technique, describe(technique), apply_technique(model, technique)))
+        except (TraceError, UnsupportedError, ValueError) as err:
+            # e.g. XLA on a CPU has no float16 dot with float32 sums; Keras's remat on TensorFlow needs eager mode
             reason = f"the backend refuses it on this model: {str(err).splitlines()[0]}"
             if asked is not None:
                 raise UnsupportedError(f"{technique}: {reason}") from err

@@ -1,5 +1,5 @@
-"""Keras dtype policies as what-if rows, on whichever backend this process runs: the predicted step against the
-model rebuilt under the policy (``nnmem.apply_technique``) and measured."""
+"""Keras what-if rows (dtype policies, rematerialization), on whichever backend this process runs: the predicted
+step against the model rebuilt that way (``nnmem.apply_technique``) and measured."""
 
 from __future__ import annotations
 
@@ -22,14 +22,23 @@ through oneDNN there. PyTorch's bfloat16 matmuls go through oneDNN on AVX-512 (s
 
 
 @pytest.mark.accuracy
-def test_a_policy_row_matches_the_model_rebuilt_under_it() -> None:
+@pytest.mark.parametrize("technique", [f"policy:{POLICY}", "remat:full"])
+def test_a_row_matches_the_model_rebuilt_with_the_technique(technique: str) -> None:
     model, x, y, loss = FACTORIES["keras_mlp"](8)
     model.compile(optimizer="adam", loss=loss)
-    result = nnmem.what_if(model, x, target=y, techniques=[f"policy:{POLICY}"])
+    if BACKEND == "tensorflow" and technique.startswith("remat:"):  # tf.recompute_grad needs eager mode
+        with pytest.raises(nnmem.UnsupportedError, match="refuses it"):
+            nnmem.what_if(model, x, target=y, techniques=[technique])
+        return
+    result = nnmem.what_if(model, x, target=y, techniques=[technique])
     row = result.rows[0]
-    rebuilt = nnmem.apply_technique(model, f"policy:{POLICY}")
-    assert rebuilt.dtype_policy.name == POLICY and model.dtype_policy.name == "float32"
+    rebuilt = nnmem.apply_technique(model, technique)
+    assert model.dtype_policy.name == "float32"
     assert all(v.dtype == "float32" for v in rebuilt.trainable_variables)  # mixed: float32 master weights
+    if technique.startswith("policy:"):
+        assert rebuilt.dtype_policy.name == POLICY
+    else:
+        assert all(layer._remat_mode is not None for layer in rebuilt.layers)
     runs = 3 if BACKEND == "tensorflow" else 1
     measured = nnmem.measure(rebuilt, x, target=y, runs=runs, timeout_s=240)
     if BACKEND == "tensorflow":  # a plain train_on_batch: its peak lies in the range of executor orders
@@ -51,3 +60,5 @@ def test_spec_rows_and_what_is_refused() -> None:
         nnmem.what_if("keras_mlp", batch=4, techniques=["checkpoint:blocks"])
     with pytest.raises(nnmem.ConfigError, match="policy:NAME"):
         nnmem.what_if("keras_mlp", batch=4, techniques=["policy:int8"])
+    with pytest.raises(nnmem.UnsupportedError, match="training only"):
+        nnmem.what_if("keras_mlp", batch=4, mode="infer", techniques=["remat:full"])

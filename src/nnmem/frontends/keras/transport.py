@@ -8,7 +8,7 @@ re-pointed at the loaded arrays, outside the allocator the step is measured on.
 from __future__ import annotations
 
 import warnings
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +20,31 @@ __all__ = ["load_file", "model_payload", "model_from_payload"]
 
 
 def model_payload(model: Any) -> bytes:
-    """The model's config, the classes it needs, whether its optimizer has state and the model's own dtype
-    policy, pickled for the child."""
+    """The model's config, the classes it needs, whether its optimizer has state, the model's own dtype policy
+    and the rematerialization scope its layers were built in, pickled for the child."""
     import cloudpickle
 
     try:
         config = keras.saving.serialize_keras_object(model)
         policy = str(model.dtype_policy.name)
-        payload = cloudpickle.dumps((config, _custom_objects(model), _optimizer_built(model), policy))
+        payload = cloudpickle.dumps((config, _custom_objects(model), _optimizer_built(model), policy,
+                                     _remat(model)))
     except Exception as err:
         raise MeasureError(f"the Keras model cannot be sent to the measuring child process ({first_line(err, 200)}): "
                            "give custom layers and models a get_config() (keras.saving.register_keras_serializable), "
                            "or measure a MODEL spec 'file.py:factory'") from err
     return payload  # type: ignore[no-any-return]
+
+
+def _remat(model: Any) -> dict[str, Any] | None:
+    """The ``keras.RematScope`` arguments the model's layers were built under (a layer keeps its scope from
+    construction, and a config does not carry it), or None."""
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        scope = getattr(layer, "_remat_mode", None)
+        if scope is not None:
+            return {"mode": scope.mode, "output_size_threshold": scope.output_size_threshold,
+                    "layer_names": list(scope.layer_names)}
+    return None
 
 
 def _custom_objects(model: Any) -> dict[str, Any]:
@@ -55,17 +67,18 @@ def _optimizer_built(model: Any) -> bool:
 def model_from_payload(payload: bytes) -> Any:
     """Build the model of :func:`_model_payload` afresh: from its config, compiled as the caller's was, its
     optimizer's state built only where the caller's optimizer had state. It is built under the caller's model's
-    dtype policy: a model built under ``mixed_float16`` compiles with loss scaling, as the caller's did."""
+    dtype policy (a model built under ``mixed_float16`` compiles with loss scaling, as the caller's did) and
+    rematerialization scope."""
     import cloudpickle
 
-    config, objects, optimizer_built, policy = cloudpickle.loads(payload)
+    config, objects, optimizer_built, policy, remat = cloudpickle.loads(payload)
     config = dict(config)
     compile_config = config.pop("compile_config", None)
     previous = keras.config.dtype_policy()
     with suppress(ValueError, TypeError):  # a policy Keras cannot set globally: the layers' configs carry theirs
         keras.config.set_dtype_policy(policy)
     try:
-        with keras.saving.custom_object_scope(objects):
+        with keras.saving.custom_object_scope(objects), (keras.RematScope(**remat) if remat else nullcontext()):
             model = keras.saving.deserialize_keras_object(config, custom_objects=objects)
             if compile_config:
                 if type(model).compile is keras.Model.compile:

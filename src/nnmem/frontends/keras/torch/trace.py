@@ -208,8 +208,12 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     """Trace one Keras step under FakeTensorMode; nothing batch-sized is allocated."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from nnmem.frontends.pytorch.checkpointing import traced_rng_states
+
     model = step.model
-    with FakeTensorMode(allow_non_fake_inputs=True), _fake_variables(model, _empty_like):
+    # traced_rng_states: a model built under keras.RematScope checkpoints its layers with torch.utils.checkpoint,
+    # which keeps a generator state per region until its backward
+    with FakeTensorMode(allow_non_fake_inputs=True), _fake_variables(model, _empty_like), traced_rng_states():
         x = as_torch(step.x, _fake_data)
         y = as_torch(step.y, _fake_data)
         if step.mode == "train":
