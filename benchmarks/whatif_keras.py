@@ -2,7 +2,7 @@
 backend.
 
 Run:  KERAS_BACKEND=torch python benchmarks/whatif_keras.py [--models keras_mlp,keras_lstm] [--modes train,infer]
-      [--techniques policy:mixed_bfloat16,policy:mixed_float16,remat:full,remat:activations] [--batch 8]
+      [--techniques policy:mixed_float16,remat:full] [--batch 8]
       [--runs 3] [--json out.json]
 
 For each Keras zoo model (but keras_mixed_float16, already under a policy) and mode, ``nnmem.what_if`` traces
@@ -50,7 +50,8 @@ def rows(model: str, mode: str, batch: int, techniques: list[str], runs: int, fo
     optimizer = "adam" if mode == "train" else None
     try:
         result = nnmem.what_if(model, mode=mode, batch=batch, optimizer=optimizer,
-                               techniques=[t for t in techniques if mode == "train" or not t.startswith("remat:")])
+                               techniques=[t for t in techniques if mode == "train" or not t.startswith("remat:")]
+                               if techniques else None)
     except nnmem.UnsupportedError as err:
         print(f"{model:24s} {mode:5s} not applied: {err}", flush=True)
         return []
@@ -88,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = zoo_parser(__doc__)
     parser.set_defaults(models=",".join(m for m in FACTORIES if m != "keras_mixed_float16"), batch=8)
     parser.add_argument("--modes", default="train,infer")
-    parser.add_argument("--techniques", default="policy:mixed_bfloat16,policy:mixed_float16,remat:full,"
-                                                  "remat:activations")
+    parser.add_argument("--techniques", default="",
+                        help="comma-separated; default: what_if's defaults (those a model refuses are listed)")
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per TensorFlow measurement")
     args = parser.parse_args(argv)
     techniques = [t for t in args.techniques.split(",") if t]
