@@ -58,17 +58,22 @@ def describe_precision(technique: str) -> str:
 
 
 def recurrent_note(model: nn.Module, kind: str, dtype: torch.dtype, mode: str) -> str | None:
-    """Under autocast an LSTM on oneDNN runs ``mkldnn_rnn_layer`` in ``dtype``; the trace's inference LSTM is
-    one float32 op, so its scratch there is the float32 one: not modelled (in training the layer op itself is
-    traced in ``dtype`` and its rule says so)."""
-    lstm = any(isinstance(m, nn.LSTM) and not m.proj_size for m in model.modules())
-    if kind != "autocast" or mode != "infer" or not lstm:
+    """Under autocast the inference kernels that run a whole layer in one op (``aten.lstm`` / ``gru`` / ``rnn_*``
+    and the fused transformer paths, which the trace sees whole under ``inference_mode``) compute inside in
+    ``dtype``, as autocast casts the ops they call; the trace cannot see those casts (autocast is above the
+    dispatch the trace runs in) and models the float32 kernels: not modelled (measured: GRU inference +18 %,
+    TransformerEncoder inference +16 %, estimated high). In training the layer's ops are traced one by one."""
+    fused = [type(m).__name__ for m in model.modules()
+             if isinstance(m, (nn.RNNBase, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer,
+                               nn.MultiheadAttention))]
+    if kind != "autocast" or mode != "infer" or not fused:
         return None
     from nnmem.cpu import describe
 
     name = str(dtype).replace("torch.", "")
-    return (f"{name} LSTM under torch.autocast on oneDNN (ISA {describe().isa}): kernel scratch not modelled; the "
-            f"allocator level may be higher")
+    return (f"{name} inference of {', '.join(sorted(set(fused)))} under torch.autocast (ISA {describe().isa}): "
+            f"the layer runs as one kernel whose inner casts the trace does not see; {name} inside is not "
+            f"modelled and the estimate may be higher or lower")
 
 
 def _autocast_forward(forward: Callable[..., Any], dtype: torch.dtype, *args: Any, **kwargs: Any) -> Any:
