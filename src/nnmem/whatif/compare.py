@@ -400,10 +400,6 @@ def apply_checkpointing(model: Any, plan: Any) -> Any:
     return apply(model, plan)
 
 
-def _is_keras(model: Any) -> bool:
-    return any(c.__module__.startswith("keras") for c in type(model).__mro__)
-
-
 def apply_technique(model: Any, technique: str) -> Any:
     """Apply a what-if technique (:data:`TECHNIQUES`: "checkpoint:PLAN", "inplace", "prune:AMOUNT",
     "prune-channels:AMOUNT", "autocast:DTYPE" or "half:DTYPE") to a PyTorch ``model`` for real, in place;
@@ -415,11 +411,14 @@ def apply_technique(model: Any, technique: str) -> Any:
     Example:
         >>> model = nnmem.apply_technique(model, "inplace")  # doctest: +SKIP
     """
+    from nnmem.frontends.base import framework_of
+
     kind, _, argument = technique.partition(":")
-    if kind in ("policy", "remat") or _is_keras(model):
+    keras_model = framework_of(model) == "keras"
+    if kind in ("policy", "remat") or keras_model:
         from nnmem.whatif.keras_policy import apply_technique as apply_keras
 
-        if not _is_keras(model):
+        if not keras_model:
             raise UnsupportedError(f"{technique!r} is a Keras technique; for a PyTorch model use autocast:DTYPE, "
                                    f"half:DTYPE (precision) or checkpoint:PLAN (recomputation)")
         return apply_keras(model, technique)
