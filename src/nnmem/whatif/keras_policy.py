@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from nnmem.errors import ConfigError, TraceError, UnsupportedError
+from nnmem.errors import ConfigError, ModelLoadError, TraceError, UnsupportedError
 
 __all__ = ["DEFAULT_KERAS_TECHNIQUES", "KERAS_TECHNIQUES", "apply_technique", "dtype_policy", "keras_what_if"]
 
@@ -158,8 +158,9 @@ def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, 
                     rows.append(row(technique, describe(technique), model))
             else:
                 rows.append(row(technique, describe(technique), apply_technique(model, technique)))
-        except (TraceError, UnsupportedError, ValueError) as err:
-            # e.g. XLA on a CPU has no float16 dot with float32 sums; Keras's remat on TensorFlow needs eager mode
+        except (TraceError, UnsupportedError, ModelLoadError, ValueError) as err:
+            # e.g. XLA on a CPU has no float16 dot with float32 sums; Keras's full remat on TensorFlow needs eager
+            # mode, and a subclassed model's factory fails inside the scope there
             reason = f"the backend refuses it on this model: {str(err).splitlines()[0]}"
             if asked is not None:
                 raise UnsupportedError(f"{technique}: {reason}") from err
