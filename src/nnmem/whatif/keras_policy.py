@@ -120,8 +120,8 @@ def apply_technique(model: Any, technique: str) -> Any:
 def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, loss_fn: Any, target: Any,
                   batch: int | None, input_shape: Any, techniques: Iterable[str] | None, budget: Any,
                   progress: Callable[[str], None] | None) -> Any:
-    """:func:`nnmem.what_if` for a Keras model or MODEL spec: the baseline and each dtype policy, each traced on
-    this process's backend (FLOPs are not counted for Keras steps: a policy adds none)."""
+    """:func:`nnmem.what_if` for a Keras model or MODEL spec: the baseline and each dtype policy or
+    rematerialization scope, each traced on this process's backend (FLOPs are not counted for Keras steps)."""
     from nnmem import _fit, estimate
     from nnmem.units import parse_size
     from nnmem.whatif.compare import TechniqueRow, WhatIf
