@@ -108,18 +108,10 @@ def lowered(model: nn.Module, kind: str, dtype: torch.dtype) -> Iterator[None]:
         _check_recurrent(model, dtype)
     saved: list[tuple[dict[str, Any], str, Any]] = []
     if kind == "half":
-        memo: dict[int, Any] = {}
-        for module in model.modules():
-            for table in (module._parameters, module._buffers):
-                for name, value in table.items():
-                    if value is None or not value.is_floating_point():
-                        continue
-                    if id(value) not in memo:
-                        new = torch.empty_like(value, dtype=dtype, device="meta")
-                        memo[id(value)] = (nn.Parameter(new, requires_grad=value.requires_grad)
-                                           if isinstance(value, nn.Parameter) else new)
-                    saved.append((table, name, value))
-                    table[name] = memo[id(value)]
+        from nnmem.frontends.pytorch.step import swap_parameters
+
+        saved = swap_parameters(model, lambda t: torch.empty_like(t, dtype=dtype, device="meta"),
+                                lambda t: t.is_floating_point())
     had_forward = "forward" in vars(model)
     previous = vars(model).get("forward")
     _wrap(model, kind, dtype)

@@ -149,26 +149,13 @@ def _swapped(model: torch.nn.Module, replace: Callable[[torch.Tensor], torch.Ten
     go: a forward pre-hook that sets one (``torch.nn.utils.prune`` recomputes ``weight`` from ``weight_orig``
     and the mask) must not leave a fake tensor in the user's model.
     """
-    saved: list[tuple[dict[str, Any], str, Any]] = []
-    memo: dict[int, Any] = {}
     attributes = [(module, {k: v for k, v in vars(module).items() if isinstance(v, torch.Tensor)})
                   for module in model.modules()]
     copies: dict[int, Any] = {}
     for owner, attr, tensor in tensor_attributes(model):  # held by the module alone: freed when it is replaced
         object.__setattr__(owner, attr, copies.setdefault(id(tensor), replace(tensor)))
     copies.clear()
-    for module in model.modules():
-        for table in (module._parameters, module._buffers):
-            for name, value in table.items():
-                if value is None:
-                    continue
-                if id(value) not in memo:
-                    new = replace(value)
-                    if isinstance(value, torch.nn.Parameter):
-                        new = torch.nn.Parameter(new, requires_grad=value.requires_grad)
-                    memo[id(value)] = new
-                saved.append((table, name, value))
-                table[name] = memo[id(value)]
+    saved = swap_parameters(model, replace)
     try:
         yield
     finally:
@@ -179,6 +166,27 @@ def _swapped(model: torch.nn.Module, replace: Callable[[torch.Tensor], torch.Ten
                 delattr(module, k)
             for k, v in kept.items():
                 object.__setattr__(module, k, v)
+
+
+def swap_parameters(model: torch.nn.Module, replace: Callable[[torch.Tensor], torch.Tensor],
+                    which: Callable[[torch.Tensor], bool] = lambda t: True) -> list[tuple[dict[str, Any], str, Any]]:
+    """Replace each parameter and buffer ``which`` accepts by ``replace`` of it (a parameter stays a parameter,
+    tied ones stay tied); returns (table, name, original) to put back."""
+    saved: list[tuple[dict[str, Any], str, Any]] = []
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, value in table.items():
+                if value is None or not which(value):
+                    continue
+                if id(value) not in memo:
+                    new = replace(value)
+                    if isinstance(value, torch.nn.Parameter):
+                        new = torch.nn.Parameter(new, requires_grad=value.requires_grad)
+                    memo[id(value)] = new
+                saved.append((table, name, value))
+                table[name] = memo[id(value)]
+    return saved
 
 
 def tensor_attributes(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
