@@ -323,7 +323,8 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
                    "accumulate:K (the batch in K micro-batches), optimizer-in-backward, optimizer:foreach|fused, "
                    "prune:AMOUNT (torch.nn.utils.prune on each linear/conv weight), prune-channels:AMOUNT "
                    "(channels removed), autocast:bf16|fp16 (mixed precision), half:bf16|fp16 (half-precision "
-                   "parameters), policy:NAME (a Keras dtype policy); repeat for more.")
+                   "parameters), quantize:int8 (dynamic int8 linear layers, inference), policy:NAME (a Keras dtype "
+                   "policy); repeat for more.")
 @click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
               help="Also find the largest training and inference batch with each technique, e.g. 16GiB.")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")

@@ -27,13 +27,13 @@ __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointi
 
 TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]",
               "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT",
-              "prune-channels:AMOUNT", "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "optimizer:for-loop",
-              "optimizer:foreach", "optimizer:fused",
+              "prune-channels:AMOUNT", "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "quantize:int8",
+              "optimizer:for-loop", "optimizer:foreach", "optimizer:fused",
               "policy:NAME (Keras)", "remat:full|activations|NAMES (Keras)")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
                       "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5",
                       "prune-channels:0.5",
-                      "autocast:bf16", "half:bf16", "optimizer:foreach", "optimizer:fused")
+                      "autocast:bf16", "half:bf16", "quantize:int8", "optimizer:foreach", "optimizer:fused")
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,26 @@ def _applied(model: Any, technique: str, mode: str) -> tuple[str, AbstractContex
         return (f"{amount:.0%} of the output channels of {len(channel_pairs(model))} layers removed with the "
                 f"next layer's inputs (smaller weights, gradients, optimizer state and activations)",
                 channels_pruned(model, amount))
+    if kind == "quantize":
+        from nnmem.cpu import describe
+        from nnmem.frontends.pytorch.quantized import quantization_targets, quantized
+
+        _quantize_argument(technique)
+        context = quantized(model, mode, describe())
+        return (f"{len(quantization_targets(model))} linear layers' weights in int8, packed by FBGEMM "
+                f"(torch.ao.quantization.quantize_dynamic; inputs quantized per call)", context)
     raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
+
+
+def _quantize_argument(technique: str) -> None:
+    """Check "quantize:int8" (the one weight type dynamic quantization packs on the CPU).
+
+    Raises:
+        ConfigError: another argument.
+    """
+    if technique != "quantize:int8":
+        raise ConfigError(f"expected quantize:int8 (dynamic int8 quantization of the linear layers). "
+                          f"Received: {technique!r}")
 
 
 def _micro_batches(technique: str, mode: str, batch: int | None) -> int:
@@ -280,13 +299,13 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
                               **{**kwargs, "optimizer": optimizer if for_mode == "train" else None},
                               **step_kwargs).batch
 
-    def row(technique: str, description: str, changes_inference: bool = True) -> TechniqueRow:
+    def row(technique: str, description: str, changes_inference: bool = True, trains: bool = True) -> TechniqueRow:
         if progress:
             progress(f"tracing {technique}")
         report, flops = _traced(lambda: estimate(torch_model, inputs, **step))
         train_batch = infer_batch = None
         if budget_bytes is not None:
-            train_batch = largest("train")
+            train_batch = largest("train") if trains else None
             infer_batch = largest("infer") if changes_inference else baseline.infer_batch
         return TechniqueRow(technique, description, report, flops, train_batch, infer_batch)
 
@@ -361,7 +380,8 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             continue
         with context:
             try:
-                rows.append(row(technique, description, changes_inference=not technique.startswith("checkpoint")))
+                rows.append(row(technique, description, changes_inference=not technique.startswith("checkpoint"),
+                                trains=not technique.startswith("quantize")))
             except (RuntimeError, UnsupportedError) as err:  # e.g. an in-place op on a tensor backward needs
                 reason = (str(err) if isinstance(err, UnsupportedError)
                           else f"PyTorch refuses it on this model: {str(err).splitlines()[0]}")
@@ -441,6 +461,11 @@ def apply_technique(model: Any, technique: str) -> Any:
         from nnmem.frontends.pytorch.precision import apply_precision, precision_dtype
 
         return apply_precision(model, kind, precision_dtype(kind, argument))
+    if kind == "quantize":
+        from nnmem.frontends.pytorch.quantized import apply_quantization
+
+        _quantize_argument(technique)
+        return apply_quantization(model)
     if kind == "accumulate":
         raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
                           f"accumulate=K on one micro-batch")

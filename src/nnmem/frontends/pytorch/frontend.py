@@ -156,6 +156,7 @@ class PyTorchFrontend:
                     "PyTorch refuses selective checkpointing on this model: a region runs other ops when "
                     "recomputed than in forward (state that changes in between, e.g. HuggingFace's KV cache: "
                     "set config.use_cache=False); the plain plan works") from None
+        _packed_range(trace, rules)
         if request.accumulate > 1:
             trace.meta["accumulate"] = request.accumulate
         if request.checkpoint is not None:
@@ -225,7 +226,7 @@ class PyTorchFrontend:
                                f"{first_line(err)}; define the model at module level or measure a MODEL spec") from err
 
         def work() -> dict[str, Any]:
-            from nnmem.frontends.pytorch.measure import measure_step
+            from nnmem.frontends.pytorch.measure import NeedsMallocCounter, measure_step
 
             request = cloudpickle.loads(payload)
             real = _from_spec(request, request.batch or 1, meta=False)[0] if isinstance(request.model, str) \
@@ -242,12 +243,34 @@ class PyTorchFrontend:
                 apply_precision(real.model, kind, precision_dtype(kind, name))
             if any(isinstance(t, torch.Tensor) and t.is_meta for t in inputs):
                 inputs = fake_copy(inputs)
-            return measure_step(real.model, inputs, mode=real.mode, optimizer=real.optimizer, loss_fn=real.loss_fn,
-                                target=real.target, name=real.name, device=real.device,
-                                meta=_meta(real), micro_steps=min(real.accumulate, 2),
-                                in_backward=real.optimizer_in_backward).to_dict()
+            try:
+                return measure_step(real.model, inputs, mode=real.mode, optimizer=real.optimizer,
+                                    loss_fn=real.loss_fn, target=real.target, name=real.name, device=real.device,
+                                    meta=_meta(real), micro_steps=min(real.accumulate, 2),
+                                    in_backward=real.optimizer_in_backward).to_dict()
+            except NeedsMallocCounter:
+                return {"needs_malloc_counter": True}
 
-        return Report.from_dict(run_in_child(work, timeout_s=timeout_s))
+        result = run_in_child(work, timeout_s=timeout_s)
+        if result.get("needs_malloc_counter"):  # quantized layers: FBGEMM's memory is seen by malloc only
+            from nnmem.runner.mallocpeak import library
+
+            preload = library()
+            if preload is None:
+                raise UnsupportedError("measuring dynamically quantized layers needs the malloc counter, which "
+                                       "needs Linux with glibc and a C compiler (cc or gcc)")
+            result = run_in_child(work, timeout_s=timeout_s, preload=preload)
+        return Report.from_dict(result)
+
+
+def _packed_range(trace: Trace, rules: WorkspaceRules) -> None:
+    """The peak range of a step with dynamically quantized layers, whose threads' buffers overlap or not."""
+    from nnmem.frontends.pytorch.quantized import fbgemm_blocking, thread_range
+
+    blocking = fbgemm_blocking(rules.cpu)
+    spread = None if blocking is None else thread_range(trace, blocking)
+    if spread is not None and spread[0] < spread[1]:
+        trace.meta["peak_low"], trace.meta["peak_high"] = spread
 
 
 FRONTEND = PyTorchFrontend()

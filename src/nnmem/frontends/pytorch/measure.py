@@ -9,6 +9,7 @@ Absolute peak = bytes of live storages before the step + the peak rise during th
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -19,10 +20,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._pytree import tree_flatten
 
+from nnmem.frontends.pytorch.quantized import packed_modules
 from nnmem.frontends.pytorch.step import prepare_step, run_step, tensor_attributes, trace_prepared
 from nnmem.report.model import Report, report_from_trace
 
-__all__ = ["measure_step", "allocator_rise", "storage_bytes", "quiet_stderr"]
+__all__ = ["NeedsMallocCounter", "measure_step", "allocator_rise", "storage_bytes", "quiet_stderr"]
 
 WARMUP = {"train": 2, "infer": 1}
 
@@ -38,6 +40,8 @@ def measure_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, 
         run_step(model, inputs, **step)
     trace = trace_prepared(model, inputs, meta=meta, **step)
     resident = _live_storage_bytes(model, inputs, target, opt)
+    if packed_modules(model):  # FBGEMM's packed weights and buffers live outside c10: count malloc instead
+        return _measure_packed(model, inputs, step, trace, resident, name=name, device=device)
     with quiet_stderr():  # the priming step makes c10 warn of blocks allocated before profiling
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
             run_step(model, inputs, **step)
@@ -50,6 +54,35 @@ def measure_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, 
                  f"{trace.resident_bytes} B by the tracker",)
     return report_from_trace(trace, source="measure", model=name, device=device,
                              overrides={"allocator": allocator_peak}, notes=notes)
+
+
+class NeedsMallocCounter(Exception):
+    """The step holds memory outside PyTorch's allocator (FBGEMM's packed weights): measure it in a child started
+    with the malloc counter (:mod:`nnmem.runner.mallocpeak`)."""
+
+
+def _measure_packed(model: torch.nn.Module, inputs: tuple[Any, ...], step: dict[str, Any], trace: Any,
+                    resident: int, *, name: str, device: str) -> Report:
+    """The allocator level of a step with dynamically quantized layers: PyTorch's live storages (their float32
+    biases included) + the packed weights' bytes outside c10 (:func:`.quantized.measure_packed`) + the rise of the
+    malloc high-water mark over the step (PyTorch's blocks and FBGEMM's per-thread buffers alike)."""
+    from nnmem.frontends.pytorch.quantized import measure_packed, packed_biases
+    from nnmem.runner.mallocpeak import counters
+
+    count = counters()
+    if count is None:
+        raise NeedsMallocCounter
+    biases = storage_bytes(packed_biases(model))
+    outside = measure_packed(model, count)
+    gc.collect()
+    count.reset_peak()
+    before = count.current()
+    run_step(model, inputs, **step)
+    rise = count.peak() - before
+    note = (f"measured with the malloc counter: {outside:,} B of packed weights outside PyTorch's allocator, "
+            f"the step's malloc high-water rise {rise:,} B")
+    return report_from_trace(trace, source="measure", model=name, device=device,
+                             overrides={"allocator": resident + biases + outside + rise}, notes=(note,))
 
 
 @contextmanager

@@ -240,6 +240,14 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
     tracker.training = mode == "train"
     owner = _owners(model)
     _register_resident(tracker, model, inputs, target, opt, owner)
+    from nnmem.cpu import describe
+    from nnmem.frontends.pytorch.quantized import fbgemm_blocking, packed_threads_note, register_packed
+
+    blocking = fbgemm_blocking(getattr(rules, "cpu", None) or describe())
+    stand_ins = register_packed(tracker, model, blocking)
+    notes_add = getattr(rules, "notes_add", None)
+    if stand_ins and blocking is not None and notes_add is not None:
+        notes_add(packed_threads_note(blocking))
     with tracker, tracker.layer_hooks():
         run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, tracker=tracker,
                  micro_steps=micro_steps)
@@ -252,6 +260,7 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     tracker.set_category(value, Category.OPTIMIZER_STATE, owner.get(id(p), ""))
+    del stand_ins  # the packed weights stay resident to the end of the step
     return tracker.finish(mode, layer_infos(model), dict(meta or {}))
 
 

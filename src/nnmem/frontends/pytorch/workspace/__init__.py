@@ -4,8 +4,8 @@ A fake (meta) kernel allocates only its outputs; the real CPU kernel may allocat
 the op (oneDNN reorders and scratchpads, im2col columns, temporaries of composite kernels). Each rule gives,
 for one op overload, the peak of the allocator's running sum inside the real kernel minus the op's new
 outputs, for the kernel ATen picks on this CPU (:mod:`nnmem.cpu`, docs/cpu-isa.md). Rules by op family:
-:mod:`.attention`, :mod:`.conv`, :mod:`.norm`, :mod:`.pool`, :mod:`.rnn`, :mod:`.misc`; sizes read from
-``benchmarks/calibrate_workspace.py`` (torch 2.13.0, oneDNN 3.12) and the sources each rule names;
+:mod:`.attention`, :mod:`.conv`, :mod:`.norm`, :mod:`.pool`, :mod:`.rnn`, :mod:`.quantized`, :mod:`.misc`;
+sizes read from ``benchmarks/calibrate_workspace.py`` (torch 2.13.0, oneDNN 3.12) and the sources each rule names;
 ``tests/frontends/pytorch/test_workspace.py``, ``test_workspace_attention.py`` and
 ``test_workspace_conv_random.py`` measure them.
 A path no rule models gives a note (:func:`note_for`, :attr:`WorkspaceRules.notes`), not a silent zero.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nnmem.cpu import CpuInfo, describe
-from nnmem.frontends.pytorch.workspace import attention, conv, misc, norm, pool, rnn, rnn_native
+from nnmem.frontends.pytorch.workspace import attention, conv, misc, norm, pool, quantized, rnn, rnn_native
 from nnmem.frontends.pytorch.workspace.conv_select import ConvCall, conv_backend, conv_call
 from nnmem.frontends.pytorch.workspace.notes import note_for
 from nnmem.frontends.pytorch.workspace.rnn import lstm_workspace_bytes
@@ -31,7 +31,7 @@ FakeFix = Callable[[tuple[Any, ...], dict[str, Any], Any], Any]
 
 # Each family module registers its rules in its own WORKSPACE / SIZES / FAKE_OUTPUTS tables (op overload →
 # rule); a module that registers none of one kind has no such table.
-_FAMILIES = (attention, conv, misc, norm, pool, rnn, rnn_native)
+_FAMILIES = (attention, conv, misc, norm, pool, quantized, rnn, rnn_native)
 WORKSPACE: dict[Any, Rule] = {op: rule for m in _FAMILIES for op, rule in getattr(m, "WORKSPACE", {}).items()}
 SIZES: dict[Any, SizeRule] = {op: rule for m in _FAMILIES for op, rule in getattr(m, "SIZES", {}).items()}
 FAKE_OUTPUTS: dict[Any, FakeFix] = {op: fix for m in _FAMILIES for op, fix in getattr(m, "FAKE_OUTPUTS", {}).items()}
