@@ -89,3 +89,19 @@ def test_training_and_other_types_are_refused() -> None:
     # training's default technique list skips it with the reason
     skipped = dict(nnmem.what_if(_model(), inputs, mode="train", optimizer="sgd").skipped)
     assert "inference" in skipped["quantize:int8"]
+
+
+@needs_fbgemm
+def test_the_cli_compares_it_and_refuses_what_it_cannot_do() -> None:
+    from click.testing import CliRunner
+
+    from nnmem.cli import cli
+
+    result = CliRunner().invoke(cli, ["whatif", "mlp", "--mode", "infer", "--batch", "8", "--technique",
+                                      "quantize:int8"])
+    assert result.exit_code == 0, result.output
+    assert "quantize:int8" in result.output and "packed by FBGEMM" in result.output
+    for args, message in ((["--mode", "infer", "--technique", "quantize:int4"], "expected quantize:int8"),
+                          (["--technique", "quantize:int8"], "for inference")):
+        result = CliRunner().invoke(cli, ["whatif", "mlp", *args])
+        assert result.exit_code == 2 and message in result.output, result.output
