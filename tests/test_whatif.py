@@ -176,11 +176,15 @@ def test_a_plan_applied_keeps_names_pickles_and_is_undone(source: Path) -> None:
 
 
 def test_inference_and_in_place_plans_are_said_not_applied() -> None:
+    from nnmem.cpu import describe
+    from nnmem.frontends.pytorch.quantized import fbgemm_blocking
+
     result = nnmem.what_if("gpt", batch=2, mode="infer")
-    # the MLP blocks' Dropout after a Linear; pruning and lower precision change inference too
+    # the MLP blocks' Dropout after a Linear; pruning, lower precision and quantization change inference too
+    fbgemm = fbgemm_blocking(describe()) is not None  # quantize:int8 runs on FBGEMM (AVX2 and up)
     assert [r.technique for r in result.rows] == ["inplace", "prune:0.5", "prune-channels:0.5", "autocast:bf16",
-                                                  "half:bf16"]
-    assert all("training only" in why or "ModuleList" in why for _, why in result.skipped)
+                                                  "half:bf16", *(["quantize:int8"] if fbgemm else [])]
+    assert all("training only" in why or "ModuleList" in why or "AVX2" in why for _, why in result.skipped)
     vgg = nnmem.what_if("vgg", batch=2, optimizer="sgd")  # ReLU(inplace=True) after a checkpointed segment
     assert any("PyTorch refuses" in why for _, why in vgg.skipped)
 

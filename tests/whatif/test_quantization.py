@@ -105,3 +105,20 @@ def test_the_cli_compares_it_and_refuses_what_it_cannot_do() -> None:
                           (["--technique", "quantize:int8"], "for inference")):
         result = CliRunner().invoke(cli, ["whatif", "mlp", *args])
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+class _LstmHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(16, 32, batch_first=True), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(x)[0])
+
+
+def test_quantized_modules_without_a_rule_are_said_not_modelled() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = torch.ao.quantization.quantize_dynamic(_LstmHead(), {nn.LSTM}, dtype=torch.qint8)
+    notes = nnmem.estimate(model, (torch.randn(2, 5, 16),), mode="infer").notes
+    assert any("quantized modules (LSTM)" in n and "not modelled" in n for n in notes), notes

@@ -36,7 +36,7 @@ from nnmem.errors import ConfigError, UnsupportedError
 
 __all__ = ["Blocking", "TracedDynamicLinear", "apply_quantization", "fbgemm_blocking", "measure_packed",
            "packed_biases", "packed_bytes", "packed_threads_note", "packed_modules", "quantization_targets",
-           "quantized", "register_packed", "thread_range"]
+           "quantized", "register_packed", "thread_range", "unmodelled_note"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +116,20 @@ def packed_threads_note(blocking: Blocking) -> str:
     return (f"dynamically quantized layers: each of the {threads} threads packs its input into a "
             f"{blocking.per_thread:,} B block (FBGEMM, {blocking.isa}); the peak counts them all at once, the "
             f"range's low end one per layer (threads that do not overlap, as in small steps)")
+
+
+def unmodelled_note(model: nn.Module) -> str | None:
+    """A report note for quantized modules other than the dynamic linear layer (quantized LSTM/GRU, static
+    quantization): their packed weights also live outside PyTorch's allocator, and no rule counts them."""
+    kinds = sorted({type(m).__name__ for m in model.modules()
+                    if type(m).__module__.startswith("torch.ao.nn.quantized")
+                    and not isinstance(m, _dynamic_linear_type())
+                    and type(m).__name__ not in ("LinearPackedParams", "PackedParameter")})  # their owners'
+
+    if not kinds:
+        return None
+    return (f"quantized modules ({', '.join(kinds)}): their packed weights and kernel buffers live outside "
+            f"PyTorch's allocator and are not modelled; the allocator level may be higher")
 
 
 PACKED_OPS = ("quantized.linear_dynamic.default", "nnmem.dynamic_int8_linear.default")

@@ -241,13 +241,21 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
     owner = _owners(model)
     _register_resident(tracker, model, inputs, target, opt, owner)
     from nnmem.cpu import describe
-    from nnmem.frontends.pytorch.quantized import fbgemm_blocking, packed_threads_note, register_packed
+    from nnmem.frontends.pytorch.quantized import (
+        fbgemm_blocking,
+        packed_threads_note,
+        register_packed,
+        unmodelled_note,
+    )
 
     blocking = fbgemm_blocking(getattr(rules, "cpu", None) or describe())
     stand_ins = register_packed(tracker, model, blocking)
     notes_add = getattr(rules, "notes_add", None)
-    if stand_ins and blocking is not None and notes_add is not None:
-        notes_add(packed_threads_note(blocking))
+    if notes_add is not None:
+        if stand_ins and blocking is not None:
+            notes_add(packed_threads_note(blocking))
+        if (other := unmodelled_note(model)) is not None:
+            notes_add(other)
     with tracker, tracker.layer_hooks():
         run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, tracker=tracker,
                  micro_steps=micro_steps)
