@@ -1,4 +1,4 @@
-"""Keras what-if rows (dtype policies, rematerialization) against the model built that way and measured, on one
+"""Keras what-if rows (dtype policies, rematerialization, quantization) against the model built that way and measured, on one
 backend.
 
 Run:  KERAS_BACKEND=torch python benchmarks/whatif_keras.py [--models keras_mlp,keras_lstm] [--modes train,infer]
@@ -7,7 +7,8 @@ Run:  KERAS_BACKEND=torch python benchmarks/whatif_keras.py [--models keras_mlp,
 
 For each Keras zoo model (but keras_mixed_float16, already under a policy) and mode, ``nnmem.what_if`` traces
 the baseline and each row (the model's factory called under ``keras.config.set_dtype_policy`` or inside a
-``keras.RematScope``; rematerialization in training only); each row is then measured with ``nnmem.measure`` on
+``keras.RematScope``, or built and then quantized with ``Model.quantize``; rematerialization in training only,
+quantization in inference only); each row is then measured with ``nnmem.measure`` on
 a factory that builds the model the same way in the measuring process. A row gives the predicted and measured
 peaks and the error. On TensorFlow the truth is a plain ``train_on_batch`` whose peak differs between
 processes: it is measured in ``--runs`` processes and the row says whether every run lies inside the
@@ -30,6 +31,7 @@ from _common import print_score, zoo_parser  # noqa: E402
 FACTORY = """
 import keras  # a factory file that imports keras is a Keras spec
 
+import nnmem
 from nnmem.whatif.keras_policy import built_under
 from nnmem.zoo.keras_models import FACTORIES
 
@@ -37,6 +39,11 @@ from nnmem.zoo.keras_models import FACTORIES
 def make(batch):
     if {technique!r} == "baseline":
         return FACTORIES[{model!r}](batch)
+    if {technique!r}.startswith("quantize:"):  # Model.quantize on the built model
+        built = FACTORIES[{model!r}](batch)
+        if isinstance(built, tuple):
+            return (nnmem.apply_technique(built[0], {technique!r}), *built[1:])
+        return nnmem.apply_technique(built, {technique!r})
     with built_under({technique!r}):
         return FACTORIES[{model!r}](batch)
 """
@@ -50,7 +57,7 @@ def rows(model: str, mode: str, batch: int, techniques: list[str], runs: int, fo
     optimizer = "adam" if mode == "train" else None
     try:
         result = nnmem.what_if(model, mode=mode, batch=batch, optimizer=optimizer,
-                               techniques=[t for t in techniques if mode == "train" or not t.startswith("remat:")]
+                               techniques=[t for t in techniques if not t.startswith("remat:" if mode == "infer" else "quantize:")]
                                if techniques else None)
     except nnmem.UnsupportedError as err:
         print(f"{model:24s} {mode:5s} not applied: {err}", flush=True)

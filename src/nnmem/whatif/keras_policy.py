@@ -14,6 +14,7 @@ on this process's backend like any Keras step.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,18 +24,26 @@ from nnmem.errors import ConfigError, ModelLoadError, TraceError, UnsupportedErr
 __all__ = ["DEFAULT_KERAS_TECHNIQUES", "KERAS_TECHNIQUES", "apply_technique", "dtype_policy", "keras_what_if"]
 
 POLICIES = ("mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
-KERAS_TECHNIQUES = (*(f"policy:{p}" for p in POLICIES), "remat:full", "remat:activations", "remat:NAME[,NAME...]")
-DEFAULT_KERAS_TECHNIQUES = ("policy:mixed_bfloat16", "policy:mixed_float16", "remat:full", "remat:activations")
+QUANTIZE = ("int8", "int4")  # Model.quantize modes for inference (float8 is a training recipe)
+KERAS_TECHNIQUES = (*(f"policy:{p}" for p in POLICIES), "remat:full", "remat:activations", "remat:NAME[,NAME...]",
+                    *(f"quantize:{q}" for q in QUANTIZE))
+DEFAULT_KERAS_TECHNIQUES = ("policy:mixed_bfloat16", "policy:mixed_float16", "remat:full", "remat:activations",
+                            "quantize:int8")
 
 
 def policy_of(technique: str) -> str:
-    """The policy name of "policy:NAME", or "" for a "remat:..." technique.
+    """The policy name of "policy:NAME", or "" for a "remat:..." or "quantize:..." technique.
 
     Raises:
         ConfigError: not a dtype policy nnmem applies, or a remat technique without its mode or layers.
         UnsupportedError: a PyTorch technique.
     """
     kind, _, name = technique.partition(":")
+    if kind == "quantize":
+        if name not in QUANTIZE:
+            raise ConfigError(f"expected quantize:{'|'.join(QUANTIZE)} for a Keras model (Model.quantize). "
+                              f"Received: {technique!r}")
+        return ""
     if kind == "remat":
         if not name:
             raise ConfigError(f"expected remat:full, remat:activations or remat:NAME[,NAME...] (layer names). "
@@ -67,6 +76,10 @@ def built_under(technique: str) -> Any:
 def describe(technique: str) -> str:
     """What a Keras technique changes, in words."""
     name = policy_of(technique)
+    if technique.startswith("quantize:"):
+        mode = technique.partition(":")[2]
+        return (f"Model.quantize('{mode}'): Dense / EinsumDense / Embedding kernels in {mode} with float32 scales, "
+                f"inputs quantized per call")
     if not name:
         what = technique.partition(":")[2]
         which = {"full": "every layer's call", "activations": "the layers' activations"}.get(what, f"layers {what}")
@@ -96,6 +109,8 @@ def apply_technique(model: Any, technique: str) -> Any:
     import keras
 
     name = policy_of(technique)
+    if technique.startswith("quantize:"):
+        return _quantized_copy(model, technique.partition(":")[2])
 
     def clone(layer: Any) -> Any:
         if isinstance(layer, keras.layers.InputLayer):
@@ -114,6 +129,23 @@ def apply_technique(model: Any, technique: str) -> Any:
             opt = model.optimizer
             inner = getattr(opt, "inner_optimizer", opt)  # a LossScaleOptimizer: compile wraps again if needed
             copy.compile(optimizer=type(inner).from_config(inner.get_config()), loss=model.loss)
+    return copy
+
+
+def _quantized_copy(model: Any, mode: str) -> Any:
+    """A copy of ``model`` (its config and weights) quantized with ``Model.quantize(mode)``; the original is left
+    as it was."""
+    import keras
+
+    try:
+        copy = keras.models.clone_model(model)
+        copy.set_weights(model.get_weights())
+        with warnings.catch_warnings():  # "Layer Conv2D does not have a `quantize` method": it stays as it is
+            warnings.simplefilter("ignore", UserWarning)
+            copy.quantize(mode)
+    except (ValueError, TypeError, NotImplementedError) as err:
+        raise UnsupportedError(f"{model.name} cannot be quantized to {mode} (Model.quantize: "
+                               f"{str(err).splitlines()[0]})") from err
     return copy
 
 
@@ -143,10 +175,35 @@ def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, 
                                    **{**fit, "optimizer": None}).batch
         return TechniqueRow(technique, description, report, 0, train, infer)
 
+    def quantized_row(technique: str) -> TechniqueRow:
+        if mode != "infer":
+            raise UnsupportedError(f"{technique} is for inference: Keras's quantized kernels are not trained")
+        if not isinstance(model, str):
+            return row(technique, describe(technique), apply_technique(model, technique))
+        from nnmem.frontends.keras.frontend import from_factory
+        from nnmem.loader import resolve_factory
+
+        built, x, y, loss = from_factory(resolve_factory(model), batch or 1)  # a spec: built, then quantized
+        step.update(inputs=x if step["inputs"] is None else step["inputs"],
+                    target=y if step["target"] is None else step["target"],
+                    loss_fn=loss if step["loss_fn"] is None else step["loss_fn"])
+        try:
+            return row(technique, describe(technique), apply_technique(built, technique))
+        finally:
+            step.update(inputs=inputs, target=target, loss_fn=loss_fn)
+
     chosen = [(technique, policy_of(technique)) for technique in asked or DEFAULT_KERAS_TECHNIQUES]
     baseline = row("baseline", "the step as it is", model)
     rows, skipped = [], []
     for technique, name in chosen:
+        if technique.startswith("quantize:"):
+            try:
+                rows.append(quantized_row(technique))
+            except (TraceError, UnsupportedError, ValueError) as err:
+                if asked is not None:
+                    raise UnsupportedError(str(err)) from err
+                skipped.append((technique, str(err)))
+            continue
         if not name and mode != "train":
             if asked is not None:
                 raise UnsupportedError(f"{technique}: rematerialization changes training only")

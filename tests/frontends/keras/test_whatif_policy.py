@@ -62,3 +62,29 @@ def test_spec_rows_and_what_is_refused() -> None:
         nnmem.what_if("keras_mlp", batch=4, techniques=["policy:int8"])
     with pytest.raises(nnmem.UnsupportedError, match="training only"):
         nnmem.what_if("keras_mlp", batch=4, mode="infer", techniques=["remat:full"])
+
+
+@pytest.mark.accuracy
+def test_quantized_row_matches_the_model_quantized_for_real() -> None:
+    model, x, y, loss = FACTORIES["keras_mlp"](8)
+    result = nnmem.what_if(model, x, mode="infer", techniques=["quantize:int8"])
+    row = result.rows[0]
+    assert all(w.dtype == "float32" for w in model.weights)  # the user's model is left as it was
+    quantized = nnmem.apply_technique(model, "quantize:int8")
+    assert any(w.dtype == "int8" for w in quantized.weights)
+    if BACKEND == "torch":  # Keras's int8 matmul is plain torch ops: the tracker sees every buffer
+        measured = nnmem.measure(quantized, x, mode="infer", timeout_s=240)
+        assert abs(row.peak_bytes - measured.peak_bytes) <= 64, (row.peak_bytes, measured.peak_bytes)
+    else:  # XLA's integer dot and TensorFlow's int8 BatchMatMulV3 keep packing buffers no rule models
+        assert any("not modelled" in n and "int8" in n for n in row.report.notes), row.report.notes
+    with pytest.raises(nnmem.UnsupportedError, match="inference"):
+        nnmem.what_if(model, x, target=y, loss_fn=loss, mode="train", optimizer="adam",
+                      techniques=["quantize:int8"])
+    with pytest.raises(nnmem.ConfigError, match="quantize:int8"):
+        nnmem.what_if(model, x, mode="infer", techniques=["quantize:float8"])
+
+
+def test_a_spec_is_built_then_quantized() -> None:
+    result = nnmem.what_if("keras_mlp", batch=4, mode="infer", techniques=["quantize:int8"])
+    assert result.rows[0].report.breakdown != result.baseline.report.breakdown
+    assert "Model.quantize('int8')" in result.rows[0].description

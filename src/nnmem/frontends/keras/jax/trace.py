@@ -143,4 +143,14 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
             "inputs_bytes": sum(array_nbytes(a) for a in data),
             "xla.max_conv_scratch_bytes": scratch.largest, "xla.conv_workspace_bytes": scratch.high,
             "xla.conv_workspace_low_bytes": scratch.low, "xla.runtime_bookkeeping_bytes": bookkeeping, **spread}
+    if _integer_dots(module):
+        meta["unmodelled"] = ("not modelled: integer dots (Keras's int8 matmul: s8 x s8 -> s32) run XLA's own "
+                              "contraction, whose packing buffers are not modelled; the allocator level may be higher")
     return Trace("keras-jax", step.mode, tuple(blocks), ops, layer_infos(step.model), meta)
+
+
+def _integer_dots(module: hlo.Module) -> bool:
+    """Whether a dot of the step reads 8- or 4-bit integer operands."""
+    return any(ins.opcode == "dot" and any(module.types.get(o, "").startswith(("s8[", "u8[", "s4[", "u4["))
+                                           for o in ins.operands)
+               for body in module.computations.values() for ins in body)

@@ -96,6 +96,15 @@ def einsum_scratch(op: Any) -> int:
     return scratch
 
 
+def matmul_cast_scratch(op: Any) -> int:
+    """``BatchMatMulV3`` with operands of another type than its output (Keras's int8 ``matmul``: int8 x int8 ->
+    int32) casts each such operand to the output type first (``batch_matmul_op_impl.h``:
+    ``CastTensor<Ta, Tout>`` "to reuse Eigen"); both copies live through the product."""
+    out = op.outputs[0]
+    return sum(tensor_bytes(t) // t.dtype.size * out.dtype.size for t in op.inputs[:2]
+               if t.dtype != out.dtype and t.dtype.size)
+
+
 def list_copy_bytes(t: Any) -> int:
     """Bytes ``TensorListFromTensor`` allocates for ``t``: each row copied into its own chunk.
 
@@ -167,6 +176,8 @@ RULES: dict[str, KernelRule] = {
     # ---- kernels with scratch or outputs larger than their static shape ---------------------------------
     "Einsum": KernelRule(Memory.NEW, "linalg/einsum_op_impl.h; calibrated on MultiHeadAttention",
                          scratch=einsum_scratch),
+    "BatchMatMulV3": KernelRule(Memory.NEW, "batch_matmul_op_impl.h: operands cast to the output's type",
+                                scratch=matmul_cast_scratch),
     "TensorListFromTensor": KernelRule(Memory.NEW, "list_kernels.h: allocate_temp per row",
                                        output_bytes=lambda op, k: list_copy_bytes(op.inputs[0])),
 }
@@ -218,9 +229,16 @@ def eigen_fallback_note(ops: Iterable[Any], flags: Iterable[str]) -> str | None:
     for op in ops:
         if op.type in _ONEDNN_KERNELS and op.outputs and not onednn_takes(op.outputs[0].dtype, flags):
             fallen.setdefault(op.outputs[0].dtype.name, set()).add(op.type)
-    if not fallen:
-        return None
-    kinds = "; ".join(f"{dtype} {', '.join(sorted(types))}" for dtype, types in sorted(fallen.items()))
-    return (f"not modelled on this CPU: {kinds} run TensorFlow's Eigen kernels (oneDNN takes float16 only with "
-            "AVX512-FP16, AMX-FP16 or AVX-NE-CONVERT, bfloat16 only with AVX-512 or AVX-NE-CONVERT); their "
-            "kernel scratch is not modelled and the allocator level may be far higher")
+    cast = sorted({f"{op.inputs[0].dtype.name} -> {op.outputs[0].dtype.name}" for op in ops
+                   if op.type == "BatchMatMulV3" and op.outputs and op.inputs[0].dtype != op.outputs[0].dtype})
+    lines = []
+    if fallen:
+        kinds = "; ".join(f"{dtype} {', '.join(sorted(types))}" for dtype, types in sorted(fallen.items()))
+        lines.append(f"not modelled on this CPU: {kinds} run TensorFlow's Eigen kernels (oneDNN takes float16 only "
+                     "with AVX512-FP16, AMX-FP16 or AVX-NE-CONVERT, bfloat16 only with AVX-512 or AVX-NE-CONVERT); "
+                     "their kernel scratch is not modelled and the allocator level may be far higher")
+    if cast:
+        lines.append(f"not modelled: BatchMatMulV3 {', '.join(cast)} (Keras's int8 matmul) runs Eigen's integer "
+                     "contraction: its operands' casts are counted, its packing buffers are not; the allocator "
+                     "level may be higher")
+    return "\n".join(lines) or None
