@@ -1,5 +1,5 @@
-"""Keras what-if rows (dtype policies, rematerialization, quantization) against the model built that way and measured, on one
-backend.
+"""Keras what-if rows (dtype policies, rematerialization, quantization) against the model built that way and
+measured, on one backend.
 
 Run:  KERAS_BACKEND=torch python benchmarks/whatif_keras.py [--models keras_mlp,keras_lstm] [--modes train,infer]
       [--techniques policy:mixed_float16,remat:full] [--batch 8]
@@ -55,9 +55,10 @@ def rows(model: str, mode: str, batch: int, techniques: list[str], runs: int, fo
     import nnmem
 
     optimizer = "adam" if mode == "train" else None
+    other_mode = "remat:" if mode == "infer" else "quantize:"  # remat trains, quantization infers
     try:
         result = nnmem.what_if(model, mode=mode, batch=batch, optimizer=optimizer,
-                               techniques=[t for t in techniques if not t.startswith("remat:" if mode == "infer" else "quantize:")]
+                               techniques=[t for t in techniques if not t.startswith(other_mode)]
                                if techniques else None)
     except nnmem.UnsupportedError as err:
         print(f"{model:24s} {mode:5s} not applied: {err}", flush=True)
