@@ -80,8 +80,10 @@ def test_quantized_row_matches_the_model_quantized_for_real() -> None:
     with pytest.raises(nnmem.UnsupportedError, match="inference"):
         nnmem.what_if(model, x, target=y, loss_fn=loss, mode="train", optimizer="adam",
                       techniques=["quantize:int8"])
+    with pytest.raises(nnmem.UnsupportedError, match="not estimated yet"):
+        nnmem.what_if(model, x, mode="infer", techniques=["quantize:int4"])
     with pytest.raises(nnmem.ConfigError, match="quantize:int8"):
-        nnmem.what_if(model, x, mode="infer", techniques=["quantize:float8"])
+        nnmem.what_if(model, x, mode="infer", techniques=["quantize:int3"])
 
 
 def test_a_spec_is_built_then_quantized() -> None:
