@@ -7,11 +7,12 @@ For each PyTorch model of the zoo (and HuggingFace GPT-2, BERT and Llama built f
 ``benchmarks/hf_models.py``) and each mode, ``nnmem.what_if`` traces the baseline step and each technique
 that applies (``nnmem.whatif.compare.DEFAULT_TECHNIQUES``: checkpoint plans, gradient accumulation, the optimizer
 in backward and its fused / foreach steps in training; in-place activations, ``prune:0.5``,
-``prune-channels:0.5``, ``autocast:bf16`` and ``half:bf16`` in both modes, ``quantize:int8`` in inference; plus
+``prune-channels:0.5``, ``autocast:bf16`` and ``half:bf16`` in both modes, ``quantize:int8`` in inference,
+``zero-grad:zeros`` in training; plus
 ``autocast:fp16`` and ``half:fp16``); every technique is then applied for real
 (``nnmem.apply_technique`` inside a factory the measuring child runs; accumulation, the optimizer in backward and
-its implementation: ``nnmem.measure(..., accumulate=K)`` on one micro-batch, ``optimizer_in_backward=True``,
-``optimizer="adam:fused"``) and measured with ``nnmem.measure``.
+its implementation, and zero_grad: ``nnmem.measure(..., accumulate=K)`` on one micro-batch,
+``optimizer_in_backward=True``, ``optimizer="adam:fused"``, ``set_to_none=False``) and measured with ``nnmem.measure``.
 A row gives the technique, the predicted and measured allocator-level peaks, the error, the bytes saved against the
 baseline and the extra FLOPs. A row whose estimate is a range (``quantize:int8``: FBGEMM's per-thread buffers
 overlap in time or not) says whether the measurement lies inside it and is scored by the nearer end. A row whose
@@ -79,6 +80,9 @@ def rows(model: str, mode: str, batch: int, optimizer: str | None, folder: str) 
         elif technique and technique.startswith("optimizer:"):  # the optimizer changes, not the model
             measured = nnmem.measure(model, mode=mode, batch=batch,
                                      optimizer=f"{optimizer}:{technique.split(':')[1]}").peaks["allocator"]
+        elif technique == "zero-grad:zeros":  # the step's zero_grad changes, not the model
+            measured = nnmem.measure(model, mode=mode, batch=batch, optimizer=optimizer,
+                                     set_to_none=False).peaks["allocator"]
         elif technique == "optimizer-in-backward":
             measured = nnmem.measure(model, mode=mode, batch=batch, optimizer=optimizer,
                                      optimizer_in_backward=True).peaks["allocator"]

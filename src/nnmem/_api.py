@@ -82,7 +82,7 @@ def step_request(model: Any, inputs: Any = None, *, mode: str = "train", optimiz
                  loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
                  batch: int | None = None, input_shape: Any = None, accumulate: int = 1,
                  checkpoint: str | None = None, optimizer_in_backward: bool = False,
-                 precision: str | None = None) -> StepRequest:
+                 precision: str | None = None, set_to_none: bool = True) -> StepRequest:
     """The checked request for one step (the arguments of :func:`estimate`).
 
     Raises:
@@ -95,17 +95,24 @@ def step_request(model: Any, inputs: Any = None, *, mode: str = "train", optimiz
     if optimizer_in_backward and (mode != "train" or accumulate != 1):
         raise ConfigError("optimizer_in_backward applies to a training step without gradient accumulation (the "
                           "update happens as each gradient is ready, so there is nothing to accumulate into)")
+    if not isinstance(set_to_none, bool):
+        raise ConfigError(f"expected set_to_none as True or False (optimizer.zero_grad(set_to_none=...)). "
+                          f"Received: set_to_none={set_to_none!r}")
+    if not set_to_none and (mode != "train" or optimizer_in_backward):
+        raise ConfigError("set_to_none=False keeps the gradients of a training step allocated between steps; it "
+                          "needs mode='train' and no optimizer_in_backward (which frees each gradient itself)")
     return StepRequest(model=model, inputs=inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                        device=device, batch=batch, input_shape=_shapes(input_shape), name=_display_name(model),
                        accumulate=_accumulate(accumulate, mode), checkpoint=checkpoint,
-                       optimizer_in_backward=bool(optimizer_in_backward), precision=_precision(precision))
+                       optimizer_in_backward=bool(optimizer_in_backward), precision=_precision(precision),
+                       set_to_none=set_to_none)
 
 
 def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
              loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
              batch: int | None = None, input_shape: Any = None, accumulate: int = 1,
              checkpoint: str | None = None, optimizer_in_backward: bool = False,
-             precision: str | None = None) -> Report:
+             precision: str | None = None, set_to_none: bool = True) -> Report:
     """Estimate the peak memory of one training or inference step, without allocating it.
 
     Args:
@@ -134,6 +141,9 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
         precision: (PyTorch) "bf16" / "fp16" or "autocast:bf16|fp16": the forward under ``torch.autocast``
             (float32 master weights); "half:bf16|fp16": parameters, buffers and optimizer state in that dtype;
             "fp32" or None: as it is.
+        set_to_none: (PyTorch) the step starts with ``optimizer.zero_grad(set_to_none=set_to_none)``: True (the
+            default, PyTorch's) frees the gradients; False zeroes them in place, so they stay allocated through
+            the next forward.
 
     Returns:
         A Report whose ``peak_bytes`` is the level that decides an OOM on ``device``.
@@ -145,7 +155,7 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                            device=device, batch=batch, input_shape=input_shape, accumulate=accumulate,
                            checkpoint=checkpoint, optimizer_in_backward=optimizer_in_backward,
-                           precision=precision)
+                           precision=precision, set_to_none=set_to_none)
     return resolve(model).estimate(request)
 
 
@@ -153,7 +163,8 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             loss_fn: Callable[..., Any] | None = None, target: Any = None, device: str = "cpu",
             batch: int | None = None, input_shape: Any = None, timeout_s: float | None = None,
             runs: int = 1, accumulate: int = 1, checkpoint: str | None = None,
-            optimizer_in_backward: bool = False, precision: str | None = None) -> Report:
+            optimizer_in_backward: bool = False, precision: str | None = None,
+            set_to_none: bool = True) -> Report:
     """Run the step for real in a child process and report what it used, at every level.
 
     Takes the same arguments as :func:`estimate`. The child's death (OOM kill, crash) raises
@@ -170,7 +181,7 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                            device=device, batch=batch, input_shape=input_shape, accumulate=accumulate,
                            checkpoint=checkpoint, optimizer_in_backward=optimizer_in_backward,
-                           precision=precision)
+                           precision=precision, set_to_none=set_to_none)
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
         raise ConfigError(f"expected runs as an integer from 1 to {MAX_RUNS} (fresh processes to measure in). "
                           f"Received: runs={runs!r}")

@@ -66,7 +66,7 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
               optimizer: Any = None, loss_fn: Callable[..., Any] | None = None, target: Any = None,
               input_shape: Any = None, upper: int | None = None, progress: Progress | None = None,
               accumulate: int = 1, optimizer_in_backward: bool = False,
-              precision: str | None = None) -> FitResult:
+              precision: str | None = None, set_to_none: bool = True) -> FitResult:
     """The largest batch whose step peak fits ``budget`` (or the device's usable memory).
 
     Args:
@@ -79,13 +79,15 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
         accumulate: search the micro-batch of a step with gradient accumulation over this many micro-batches.
         optimizer_in_backward: the step updates each parameter inside backward (PyTorch).
         precision: the step in lower precision (PyTorch; :func:`nnmem.estimate`'s ``precision``).
+        set_to_none: ``optimizer.zero_grad(set_to_none=...)`` at the start of the step (PyTorch).
 
     Returns:
         The batch, the peak there and at the next batch, both from traces.
     """
     request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                            device=device, input_shape=input_shape, accumulate=accumulate,
-                           optimizer_in_backward=optimizer_in_backward, precision=precision)
+                           optimizer_in_backward=optimizer_in_backward, precision=precision,
+                           set_to_none=set_to_none)
     return _search(request, *_budget(budget, device), upper=upper, progress=progress)
 
 

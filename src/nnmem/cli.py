@@ -113,6 +113,10 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--precision", default=None, metavar="PRECISION",
                      help="Lower precision (PyTorch): bf16 or fp16 (torch.autocast, float32 master weights), "
                           "half:bf16 or half:fp16 (parameters and optimizer state in that dtype), fp32."),
+        click.option("--zero-grad", "zero_grad", type=click.Choice(["none", "zeros"]), default="none",
+                     show_default=True,
+                     help="How the training step clears gradients (PyTorch): none = optimizer.zero_grad("
+                          "set_to_none=True), freed; zeros = set_to_none=False, kept allocated and zeroed."),
         click.option("--json", "as_json", is_flag=True, help="Print only JSON."),
     ]
     for option in reversed(options):
@@ -122,10 +126,10 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _step_kwargs(batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
                  device: str, accumulate: int = 1, checkpoint: str | None = None,
-                 precision: str | None = None) -> dict[str, Any]:
+                 precision: str | None = None, zero_grad: str = "none") -> dict[str, Any]:
     return {"batch": batch, "input_shape": input_shape or None, "mode": mode.lower(),
             "optimizer": _opt(optimizer), "device": device, "accumulate": accumulate, "checkpoint": checkpoint,
-            "precision": precision}
+            "precision": precision, "set_to_none": zero_grad != "zeros"}
 
 
 def _opt(optimizer: str | None) -> str | None:
@@ -161,7 +165,7 @@ def cli() -> None:
 @_step_options
 def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
              device: str, budget: int | None, accumulate: int, checkpoint: str | None, precision: str | None,
-             as_json: bool) -> None:
+             zero_grad: str, as_json: bool) -> None:
     """Estimate the peak memory of one step of MODEL, without running it.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
@@ -169,7 +173,7 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
     (model, inputs[, target[, loss_fn]]).
     """
     report = nnmem.estimate(model, **_step_kwargs(batch, input_shape, mode, optimizer, device, accumulate,
-                                                  checkpoint, precision))
+                                                  checkpoint, precision, zero_grad))
     if as_json:
         click.echo(report.to_json(budget_bytes=budget))
         return
@@ -186,14 +190,14 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
               help="Fresh processes to measure in; reports the median run and every run's peak.")
 def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
             device: str, budget: int | None, accumulate: int, checkpoint: str | None, precision: str | None,
-            as_json: bool, timeout_s: float | None, runs: int) -> None:
+            zero_grad: str, as_json: bool, timeout_s: float | None, runs: int) -> None:
     """Estimate MODEL's step, run it for real in a child process, and compare the two.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
     Default batch 32. --budget is checked against the measured peak. --runs N measures in N fresh processes
     (TensorFlow's peak differs between processes) and compares with the median run.
     """
-    kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device, accumulate, checkpoint, precision)
+    kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device, accumulate, checkpoint, precision, zero_grad)
     estimated = nnmem.estimate(model, **kwargs)
     measured = nnmem.measure(model, **kwargs, timeout_s=timeout_s, runs=runs)
     comparison = nnmem.compare(estimated, measured)

@@ -40,6 +40,8 @@ class StepRequest:
             ``batch`` are one micro-batch); 1: none.
         checkpoint: a gradient-checkpointing plan applied to the model for the step ("blocks", "every:K",
             "sqrt", "NAME[,NAME...]"); None: none.
+        set_to_none: the step starts with ``optimizer.zero_grad(set_to_none=...)``: True frees the gradients
+            (PyTorch's default), False zeroes them in place, so they stay allocated between steps.
         optimizer_in_backward: each parameter is updated, and its gradient freed, inside backward (one
             optimizer per parameter, ``register_post_accumulate_grad_hook``).
         precision: lower precision applied to the model for the step: "autocast:bf16|fp16" (the forward under
@@ -60,6 +62,7 @@ class StepRequest:
     checkpoint: str | None = None
     optimizer_in_backward: bool = False
     precision: str | None = None
+    set_to_none: bool = True
 
     def with_(self, **changes: Any) -> StepRequest:
         """A copy with ``changes`` (requests are immutable)."""

@@ -28,12 +28,13 @@ __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointi
 TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]",
               "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT",
               "prune-channels:AMOUNT", "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "quantize:int8",
-              "optimizer:for-loop", "optimizer:foreach", "optimizer:fused",
+              "optimizer:for-loop", "optimizer:foreach", "optimizer:fused", "zero-grad:zeros",
               "policy:NAME (Keras)", "remat:full|activations|NAMES (Keras)")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
                       "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5",
                       "prune-channels:0.5",
-                      "autocast:bf16", "half:bf16", "quantize:int8", "optimizer:foreach", "optimizer:fused")
+                      "autocast:bf16", "half:bf16", "quantize:int8", "optimizer:foreach", "optimizer:fused",
+                      "zero-grad:zeros")
 
 
 @dataclass(frozen=True)
@@ -357,8 +358,22 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             infer_batch = largest("infer", precision=technique)
         return TechniqueRow(technique, description, report, baseline.flops, train_batch, infer_batch)
 
+    def zeroed(technique: str) -> TechniqueRow:
+        if technique != "zero-grad:zeros":
+            raise ConfigError(f"expected zero-grad:zeros (optimizer.zero_grad(set_to_none=False)). "
+                              f"Received: {technique!r}")
+        if mode != "train":
+            raise UnsupportedError("zero_grad changes training only: inference has no gradients")
+        if progress:
+            progress(f"tracing {technique}")
+        report = estimate(torch_model, inputs, set_to_none=False, **step)
+        train_batch = largest("train", set_to_none=False) if budget_bytes is not None else None
+        return TechniqueRow(technique, "optimizer.zero_grad(set_to_none=False): the gradients stay allocated "
+                            "(zeroed) from one step to the next, through forward", report, baseline.flops,
+                            train_batch, baseline.infer_batch)
+
     step_changes = {"accumulate": accumulated, "optimizer-in-backward": in_backward, "optimizer": implementation,
-                    "autocast": lowered, "half": lowered}
+                    "autocast": lowered, "half": lowered, "zero-grad": zeroed}
     baseline = row("baseline", "the step as it is")
     rows, skipped = [], []
     for technique in asked or DEFAULT_TECHNIQUES:
@@ -469,6 +484,9 @@ def apply_technique(model: Any, technique: str) -> Any:
     if kind == "accumulate":
         raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
                           f"accumulate=K on one micro-batch")
+    if kind == "zero-grad":
+        raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
+                          f"set_to_none=False")
     if kind == "optimizer-in-backward":
         raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
                           f"optimizer_in_backward=True")

@@ -62,6 +62,8 @@ def test_spec_rows_and_what_is_refused() -> None:
         nnmem.what_if("keras_mlp", batch=4, techniques=["policy:int8"])
     with pytest.raises(nnmem.UnsupportedError, match="training only"):
         nnmem.what_if("keras_mlp", batch=4, mode="infer", techniques=["remat:full"])
+    with pytest.raises(nnmem.UnsupportedError, match="zero_grad"):
+        nnmem.estimate("keras_mlp", batch=4, set_to_none=False)
 
 
 @pytest.mark.accuracy

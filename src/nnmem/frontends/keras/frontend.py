@@ -98,6 +98,9 @@ class KerasFrontend:
         if request.accumulate > 1 or request.checkpoint is not None or request.optimizer_in_backward:
             raise UnsupportedError("gradient accumulation, checkpoint plans and the optimizer in backward are "
                                    "estimated for PyTorch models so far, not for Keras ones")
+        if not request.set_to_none:
+            raise UnsupportedError("set_to_none applies to PyTorch's optimizer.zero_grad; a Keras step has no "
+                                   "gradients between steps")
         if request.precision is not None:
             raise UnsupportedError("precision= applies to PyTorch models so far; for a Keras model set a dtype "
                                    "policy (keras.config.set_dtype_policy('mixed_bfloat16')) before building it")

@@ -148,7 +148,8 @@ class PyTorchFrontend:
                 trace = trace_fake_step(request.model, _as_tuple(request.inputs), mode=request.mode,
                                         optimizer=request.optimizer, loss_fn=request.loss_fn, target=request.target,
                                         rules=rules, meta=meta, micro_steps=min(request.accumulate, 2),
-                                        in_backward=request.optimizer_in_backward)
+                                        in_backward=request.optimizer_in_backward,
+                                        set_to_none=request.set_to_none)
             except RuntimeError as err:
                 if "not found in storage" not in str(err):  # torch.utils.checkpoint's selective-policy cache
                     raise
@@ -163,6 +164,8 @@ class PyTorchFrontend:
             trace.meta["checkpoint"] = request.checkpoint
         if request.optimizer_in_backward:
             trace.meta["optimizer_in_backward"] = True
+        if not request.set_to_none:
+            trace.meta["zero_grad"] = "set_to_none=False"
         if request.precision is not None:
             from nnmem.frontends.pytorch.precision import precision_dtype, recurrent_note
 
@@ -247,7 +250,8 @@ class PyTorchFrontend:
                 return measure_step(real.model, inputs, mode=real.mode, optimizer=real.optimizer,
                                     loss_fn=real.loss_fn, target=real.target, name=real.name, device=real.device,
                                     meta=_meta(real), micro_steps=min(real.accumulate, 2),
-                                    in_backward=real.optimizer_in_backward).to_dict()
+                                    in_backward=real.optimizer_in_backward,
+                                    set_to_none=real.set_to_none).to_dict()
             except NeedsMallocCounter:
                 return {"needs_malloc_counter": True}
 

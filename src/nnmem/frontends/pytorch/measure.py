@@ -31,11 +31,13 @@ WARMUP = {"train": 2, "infer": 1}
 
 def measure_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
                  loss_fn: Callable[..., Any] | None, target: Any, name: str, device: str,
-                 meta: dict[str, object], micro_steps: int = 1, in_backward: bool = False) -> Report:
+                 meta: dict[str, object], micro_steps: int = 1, in_backward: bool = False,
+                 set_to_none: bool = True) -> Report:
     """Run the step for real and report both levels (call it inside a child process; ``micro_steps``: see
     :func:`.step.run_step`; ``in_backward``: :func:`.step.prepare_step`)."""
     opt = prepare_step(model, mode, optimizer, in_backward)
-    step = {"mode": mode, "opt": opt, "loss_fn": loss_fn, "target": target, "micro_steps": micro_steps}
+    step = {"mode": mode, "opt": opt, "loss_fn": loss_fn, "target": target, "micro_steps": micro_steps,
+            "set_to_none": set_to_none}
     for _ in range(WARMUP[mode]):
         run_step(model, inputs, **step)
     trace = trace_prepared(model, inputs, meta=meta, **step)

@@ -104,13 +104,15 @@ def _call(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Any:
 
 def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt: Any,
              loss_fn: Callable[..., Any] | None, target: Any, tracker: StepTracker | None = None,
-             micro_steps: int = 1) -> None:
+             micro_steps: int = 1, set_to_none: bool = True) -> None:
     """Run one train or infer step exactly as the contract in DESIGN.md says.
 
     Args:
         micro_steps: training with gradient accumulation: forward and backward this many times on ``inputs``
             (one micro-batch; the loss divided by ``micro_steps``), the gradients summed, then one optimizer
             step. The peak of a third and later micro-step is the second's, so 2 stands for any count above 1.
+        set_to_none: ``opt.zero_grad(set_to_none=...)`` first: False zeroes the gradients in place (they stay
+            allocated through forward, and backward accumulates into them).
     """
     begin = tracker.begin if tracker is not None else (lambda phase: None)
     if mode == "infer":
@@ -122,7 +124,7 @@ def run_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, opt:
     assert opt is not None
     in_backward = hasattr(opt, "hooks")  # the optimizer steps inside backward (optimizer_in_backward)
     begin(Phase.FORWARD)
-    opt.zero_grad(set_to_none=True)
+    opt.zero_grad(set_to_none=set_to_none)
     for _ in range(micro_steps):  # as a user's loop: the last output and loss live through the next forward
         begin(Phase.FORWARD)
         out = _call(model, inputs)
@@ -233,7 +235,7 @@ def prepare_step(model: torch.nn.Module, mode: str, optimizer: Any, in_backward:
 def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str,
                    opt: Any, loss_fn: Callable[..., Any] | None, target: Any,
                    rules: OpRules | None = None, meta: dict[str, object] | None = None,
-                   micro_steps: int = 1) -> Trace:
+                   micro_steps: int = 1, set_to_none: bool = True) -> Trace:
     """Trace one step of a model whose optimizer is already in steady state (``micro_steps``: see
     :func:`run_step`)."""
     tracker = StepTracker(model, rules)
@@ -258,7 +260,7 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
             notes_add(other)
     with tracker, tracker.layer_hooks():
         run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, tracker=tracker,
-                 micro_steps=micro_steps)
+                 micro_steps=micro_steps, set_to_none=set_to_none)
     if opt is not None:
         for group in opt.param_groups:
             for p in group["params"]:
@@ -275,7 +277,7 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
 def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
                     loss_fn: Callable[..., Any] | None, target: Any,
                     rules: OpRules | None = None, meta: dict[str, object] | None = None,
-                    micro_steps: int = 1, in_backward: bool = False) -> Trace:
+                    micro_steps: int = 1, in_backward: bool = False, set_to_none: bool = True) -> Trace:
     """Trace one step under FakeTensorMode: nothing model-sized is allocated.
 
     Parameters, buffers, inputs and optimizer state are replaced by fake tensors for the trace (the
@@ -288,12 +290,12 @@ def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: st
     """
     trace, values = _trace_fake(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                                 rules=rules, meta=meta, routing=ROUTINGS[0], micro_steps=micro_steps,
-                                in_backward=in_backward)
+                                in_backward=in_backward, set_to_none=set_to_none)
     notes = [guess_note(values.guesses)] if values.guesses else []
     if values.routed:
         other, _ = _trace_fake(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                                rules=rules, meta=meta, routing=ROUTINGS[1], micro_steps=micro_steps,
-                               in_backward=in_backward)
+                               in_backward=in_backward, set_to_none=set_to_none)
         peaks = [simulate(t).peaks for t in (trace, other)]
         if peaks[0] != peaks[1]:
             notes.append(routing_note(peaks[0], peaks[1]))
@@ -307,7 +309,7 @@ def trace_fake_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: st
 def _trace_fake(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, optimizer: Any,
                 loss_fn: Callable[..., Any] | None, target: Any, rules: OpRules | None,
                 meta: dict[str, object] | None, routing: str, micro_steps: int = 1,
-                in_backward: bool = False) -> tuple[Trace, RealValues]:
+                in_backward: bool = False, set_to_none: bool = True) -> tuple[Trace, RealValues]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     state = [*model.buffers(), *(t for _, _, t in tensor_attributes(model))]
@@ -330,7 +332,8 @@ def _trace_fake(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, o
             if in_backward:  # its previous step freed every gradient inside backward
                 opt.zero_grad(set_to_none=True)
         trace = trace_prepared(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target,
-                               rules=rules, meta=dict(meta or {}), micro_steps=micro_steps)
+                               rules=rules, meta=dict(meta or {}), micro_steps=micro_steps,
+                               set_to_none=set_to_none)
     return trace, values
 
 
