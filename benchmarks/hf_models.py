@@ -40,3 +40,13 @@ def llama(batch: int) -> tuple[Any, tuple[torch.Tensor]]:
 
 
 SPECS = tuple(f"{__file__}:{name}" for name in ("gpt2", "bert", "llama"))
+
+
+def llama_7b(batch: int) -> tuple[Any, tuple[torch.Tensor]]:
+    """Llama-2-7B's shapes (32 layers, hidden 4096, 11008 MLP, 32,000 tokens) in bfloat16, sequence 512: for the
+    docs' QLoRA example (built under the meta device by nnmem: nothing is allocated)."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                                   intermediate_size=11008, vocab_size=32000, use_cache=False)
+    return transformers.LlamaForCausalLM(cfg).to(torch.bfloat16), (torch.randint(0, 32000, (batch, 512)),)

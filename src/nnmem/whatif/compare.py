@@ -28,7 +28,7 @@ __all__ = ["TechniqueRow", "WhatIf", "what_if", "TECHNIQUES", "apply_checkpointi
 TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "checkpoint:NAME[,NAME...]",
               "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT",
               "prune-channels:AMOUNT", "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "quantize:int8",
-              "optimizer:for-loop", "optimizer:foreach", "optimizer:fused", "zero-grad:zeros",
+              "optimizer:for-loop", "optimizer:foreach", "optimizer:fused", "zero-grad:zeros", "qlora:R",
               "policy:NAME (Keras)", "remat:full|activations|NAMES (Keras)")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
                       "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5",
@@ -180,6 +180,13 @@ def _applied(model: Any, technique: str, mode: str) -> tuple[str, AbstractContex
         return (f"{amount:.0%} of the output channels of {len(channel_pairs(model))} layers removed with the "
                 f"next layer's inputs (smaller weights, gradients, optimizer state and activations)",
                 channels_pruned(model, amount))
+    if kind == "qlora":
+        from nnmem.frontends.pytorch.qlora import qlora, qlora_rank, qlora_targets
+
+        context = qlora(model, technique, mode)
+        return (f"{len(qlora_targets(model))} linear layers frozen in 4-bit NF4 (double-quantized scales) with "
+                f"rank-{qlora_rank(technique)} float32 adapters trained, everything else frozen (bitsandbytes + "
+                f"peft; modelled, not measured)", context)
     if kind == "quantize":
         from nnmem.cpu import describe
         from nnmem.frontends.pytorch.quantized import quantization_targets, quantized
@@ -395,7 +402,8 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             continue
         with context:
             try:
-                rows.append(row(technique, description, changes_inference=not technique.startswith("checkpoint"),
+                rows.append(row(technique, description,
+                                changes_inference=not technique.startswith(("checkpoint", "qlora")),
                                 trains=not technique.startswith("quantize")))
             except (RuntimeError, UnsupportedError) as err:  # e.g. an in-place op on a tensor backward needs
                 reason = (str(err) if isinstance(err, UnsupportedError)
@@ -484,6 +492,9 @@ def apply_technique(model: Any, technique: str) -> Any:
     if kind == "accumulate":
         raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
                           f"accumulate=K on one micro-batch")
+    if kind == "qlora":
+        raise UnsupportedError(f"{technique!r} is modelled, not applied: bitsandbytes' 4-bit kernels need a GPU "
+                               f"(apply it with peft and bitsandbytes there)")
     if kind == "zero-grad":
         raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
                           f"set_to_none=False")

@@ -258,6 +258,10 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
             notes_add(packed_threads_note(blocking))
         if (other := unmodelled_note(model)) is not None:
             notes_add(other)
+        from nnmem.frontends.pytorch.qlora import MODELLED_NOTE, TracedLoRA4bit
+
+        if any(isinstance(m, TracedLoRA4bit) for m in model.modules()):
+            notes_add(MODELLED_NOTE)
     with tracker, tracker.layer_hooks():
         run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, tracker=tracker,
                  micro_steps=micro_steps, set_to_none=set_to_none)
