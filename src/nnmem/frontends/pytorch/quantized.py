@@ -124,8 +124,7 @@ def unmodelled_note(model: nn.Module) -> str | None:
     kinds = sorted({type(m).__name__ for m in model.modules()
                     if type(m).__module__.startswith("torch.ao.nn.quantized")
                     and not isinstance(m, _dynamic_linear_type())
-                    and type(m).__name__ not in ("LinearPackedParams", "PackedParameter")})  # their owners'
-
+                    and type(m).__name__ not in ("LinearPackedParams", "PackedParameter")})  # inside their owners
     if not kinds:
         return None
     return (f"quantized modules ({', '.join(kinds)}): their packed weights and kernel buffers live outside "
