@@ -330,15 +330,19 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         return TechniqueRow(technique, f"{k} micro-batches of {micro}, gradients summed between them",
                             report, baseline.flops, train_batch, baseline.infer_batch)
 
-    def in_backward(technique: str) -> TechniqueRow:
+    def training_option(technique: str, description: str, why: str, **option: Any) -> TechniqueRow:
+        """A row for a step option that changes training only (``estimate(..., **option)``)."""
         if mode != "train":
-            raise UnsupportedError("the optimizer step changes training only")
+            raise UnsupportedError(why)
         if progress:
             progress(f"tracing {technique}")
-        report = estimate(torch_model, inputs, optimizer_in_backward=True, **step)
-        train_batch = largest("train", optimizer_in_backward=True) if budget_bytes is not None else None
-        return TechniqueRow(technique, "each parameter updated, and its gradient freed, inside backward",
-                            report, baseline.flops, train_batch, baseline.infer_batch)
+        report = estimate(torch_model, inputs, **option, **step)
+        train_batch = largest("train", **option) if budget_bytes is not None else None
+        return TechniqueRow(technique, description, report, baseline.flops, train_batch, baseline.infer_batch)
+
+    def in_backward(technique: str) -> TechniqueRow:
+        return training_option(technique, "each parameter updated, and its gradient freed, inside backward",
+                               "the optimizer step changes training only", optimizer_in_backward=True)
 
     def implementation(technique: str) -> TechniqueRow:
         name = _optimizer_variant(optimizer, technique, mode)
@@ -369,15 +373,9 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         if technique != "zero-grad:zeros":
             raise ConfigError(f"expected zero-grad:zeros (optimizer.zero_grad(set_to_none=False)). "
                               f"Received: {technique!r}")
-        if mode != "train":
-            raise UnsupportedError("zero_grad changes training only: inference has no gradients")
-        if progress:
-            progress(f"tracing {technique}")
-        report = estimate(torch_model, inputs, set_to_none=False, **step)
-        train_batch = largest("train", set_to_none=False) if budget_bytes is not None else None
-        return TechniqueRow(technique, "optimizer.zero_grad(set_to_none=False): the gradients stay allocated "
-                            "(zeroed) from one step to the next, through forward", report, baseline.flops,
-                            train_batch, baseline.infer_batch)
+        return training_option(technique, "optimizer.zero_grad(set_to_none=False): the gradients stay allocated "
+                               "(zeroed) from one step to the next, through forward",
+                               "zero_grad changes training only: inference has no gradients", set_to_none=False)
 
     step_changes = {"accumulate": accumulated, "optimizer-in-backward": in_backward, "optimizer": implementation,
                     "autocast": lowered, "half": lowered, "zero-grad": zeroed}
@@ -489,19 +487,14 @@ def apply_technique(model: Any, technique: str) -> Any:
 
         _quantize_argument(technique)
         return apply_quantization(model)
-    if kind == "accumulate":
-        raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
-                          f"accumulate=K on one micro-batch")
     if kind == "qlora":
         raise UnsupportedError(f"{technique!r} is modelled, not applied: bitsandbytes' 4-bit kernels need a GPU "
                                f"(apply it with peft and bitsandbytes there)")
-    if kind == "zero-grad":
+    step_options = {"accumulate": "accumulate=K on one micro-batch", "zero-grad": "set_to_none=False",
+                    "optimizer-in-backward": "optimizer_in_backward=True",
+                    "optimizer": f"the optimizer named with its implementation, e.g. "
+                                 f"optimizer='adam:{argument or 'fused'}'"}
+    if kind in step_options:
         raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
-                          f"set_to_none=False")
-    if kind == "optimizer-in-backward":
-        raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with "
-                          f"optimizer_in_backward=True")
-    if kind == "optimizer":
-        raise ConfigError(f"{technique!r} changes the step, not the model: estimate or measure it with the "
-                          f"optimizer named with its implementation, e.g. optimizer='adam:{argument or 'fused'}'")
+                          f"{step_options[kind]}")
     raise ConfigError(f"unknown technique {technique!r}; expected one of {', '.join(TECHNIQUES)}")
