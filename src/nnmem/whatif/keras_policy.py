@@ -166,12 +166,13 @@ def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, 
                             "target": target, "input_shape": input_shape}
     say = progress or (lambda message: None)
 
-    def row(technique: str, description: str, subject: Any) -> TechniqueRow:
+    def row(technique: str, description: str, subject: Any, data: dict[str, Any] | None = None) -> TechniqueRow:
+        request = {**step, **(data or {})}  # data: a built spec's own inputs, target and loss
         say(f"tracing {technique}")
-        report = estimate(subject, batch=batch, **step)
+        report = estimate(subject, batch=batch, **request)
         train = infer = None
         if budget_bytes is not None:
-            fit = {k: v for k, v in step.items() if k != "mode"}
+            fit = {k: v for k, v in request.items() if k != "mode"}
             train = _fit.max_batch(subject, budget=budget_bytes, mode="train", progress=progress, **fit).batch
             infer = _fit.max_batch(subject, budget=budget_bytes, mode="infer", progress=progress,
                                    **{**fit, "optimizer": None}).batch
@@ -186,13 +187,9 @@ def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, 
         from nnmem.loader import resolve_factory
 
         built, x, y, loss = from_factory(resolve_factory(model), batch or 1)  # a spec: built, then quantized
-        step.update(inputs=x if step["inputs"] is None else step["inputs"],
-                    target=y if step["target"] is None else step["target"],
-                    loss_fn=loss if step["loss_fn"] is None else step["loss_fn"])
-        try:
-            return row(technique, describe(technique), apply_technique(built, technique))
-        finally:
-            step.update(inputs=inputs, target=target, loss_fn=loss_fn)
+        data = {"inputs": x if inputs is None else inputs, "target": y if target is None else target,
+                "loss_fn": loss if loss_fn is None else loss_fn}
+        return row(technique, describe(technique), apply_technique(built, technique), data)
 
     chosen = [(technique, policy_of(technique)) for technique in asked or DEFAULT_KERAS_TECHNIQUES]
     baseline = row("baseline", "the step as it is", model)

@@ -157,7 +157,7 @@ class PyTorchFrontend:
                     "PyTorch refuses selective checkpointing on this model: a region runs other ops when "
                     "recomputed than in forward (state that changes in between, e.g. HuggingFace's KV cache: "
                     "set config.use_cache=False); the plain plan works") from None
-        _packed_range(trace, rules)
+        _quantization(request.model, trace, rules, notes)
         if request.accumulate > 1:
             trace.meta["accumulate"] = request.accumulate
         if request.checkpoint is not None:
@@ -267,14 +267,29 @@ class PyTorchFrontend:
         return Report.from_dict(result)
 
 
-def _packed_range(trace: Trace, rules: WorkspaceRules) -> None:
-    """The peak range of a step with dynamically quantized layers, whose threads' buffers overlap or not."""
-    from nnmem.frontends.pytorch.quantized import fbgemm_blocking, thread_range
+def _quantization(model: torch.nn.Module, trace: Trace, rules: WorkspaceRules, notes: list[str]) -> None:
+    """What an estimate says of quantized layers: the peak range of dynamically quantized ones (their threads'
+    buffers overlap or not) and the CPU note on those buffers, quantized modules no rule models, and QLoRA's
+    stand-ins (modelled, not measured: a note on every device)."""
+    from nnmem.frontends.pytorch.qlora import MODELLED_NOTE, TracedLoRA4bit
+    from nnmem.frontends.pytorch.quantized import (
+        fbgemm_blocking,
+        packed_modules,
+        packed_threads_note,
+        thread_range,
+        unmodelled_note,
+    )
 
     blocking = fbgemm_blocking(rules.cpu)
-    spread = None if blocking is None else thread_range(trace, blocking)
-    if spread is not None and spread[0] < spread[1]:
-        trace.meta["peak_low"], trace.meta["peak_high"] = spread
+    if blocking is not None and packed_modules(model):
+        rules.notes_add(packed_threads_note(blocking))
+        spread = thread_range(trace, blocking)
+        if spread is not None and spread[0] < spread[1]:
+            trace.meta["peak_low"], trace.meta["peak_high"] = spread
+    if (other := unmodelled_note(model)) is not None:
+        rules.notes_add(other)
+    if any(isinstance(m, TracedLoRA4bit) for m in model.modules()):
+        notes.append(MODELLED_NOTE)
 
 
 FRONTEND = PyTorchFrontend()

@@ -120,11 +120,6 @@ class TracedLoRA4bit(nn.Module):
         return out + adapted.to(x.dtype)
 
 
-def _set(model: nn.Module, path: str, module: nn.Module) -> None:
-    parent, _, name = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, name, module)
-
-
 def qlora(model: nn.Module, technique: str, mode: str) -> AbstractContextManager[None]:
     """A context in which the targeted layers are :class:`TracedLoRA4bit` stand-ins and every other parameter is
     frozen (both put back after).
@@ -141,16 +136,14 @@ def qlora(model: nn.Module, technique: str, mode: str) -> AbstractContextManager
 
 @contextmanager
 def _swapped(model: nn.Module, targets: list[str], rank: int) -> Iterator[None]:
-    saved = [(path, model.get_submodule(path)) for path in targets]
+    from nnmem.frontends.pytorch.step import swapped_modules
+
     trainable = [p for p in model.parameters() if p.requires_grad]
     try:
         for p in trainable:
             p.requires_grad_(False)
-        for path, linear in saved:
-            _set(model, path, TracedLoRA4bit(linear, rank))  # type: ignore[arg-type]
-        yield
+        with swapped_modules(model, targets, lambda linear: TracedLoRA4bit(linear, rank)):  # type: ignore[arg-type]
+            yield
     finally:
-        for path, linear in saved:
-            _set(model, path, linear)
         for p in trainable:
             p.requires_grad_(True)

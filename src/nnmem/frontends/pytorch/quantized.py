@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import gc
 import warnings
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,30 +234,16 @@ def _check(mode: str, info: CpuInfo) -> None:
         raise UnsupportedError("quantize:int8 runs on FBGEMM, which needs AVX2 and this CPU has none")
 
 
-def _set(model: nn.Module, path: str, module: nn.Module) -> None:
-    parent, _, name = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, name, module)
-
-
 def quantized(model: nn.Module, mode: str, info: CpuInfo) -> AbstractContextManager[None]:
     """A context in which each quantizable ``nn.Linear`` is a :class:`TracedDynamicLinear` (put back after).
 
     Raises:
         UnsupportedError: training, a CPU without FBGEMM, or no ``nn.Linear`` (at once, not on entering).
     """
+    from nnmem.frontends.pytorch.step import swapped_modules
+
     _check(mode, info)
-    return _swapped(model, [(path, model.get_submodule(path)) for path in quantization_targets(model)])
-
-
-@contextmanager
-def _swapped(model: nn.Module, saved: list[tuple[str, nn.Module]]) -> Iterator[None]:
-    try:
-        for path, linear in saved:
-            _set(model, path, TracedDynamicLinear(linear))  # type: ignore[arg-type]
-        yield
-    finally:
-        for path, linear in saved:
-            _set(model, path, linear)
+    return swapped_modules(model, quantization_targets(model), TracedDynamicLinear)  # type: ignore[arg-type]
 
 
 def apply_quantization(model: nn.Module) -> nn.Module:

@@ -191,6 +191,20 @@ def swap_parameters(model: torch.nn.Module, replace: Callable[[torch.Tensor], to
     return saved
 
 
+@contextmanager
+def swapped_modules(model: torch.nn.Module, paths: list[str],
+                    make: Callable[[torch.nn.Module], torch.nn.Module]) -> Iterator[None]:
+    """The submodules at ``paths`` replaced by ``make(submodule)`` for the duration, put back after."""
+    saved = [(path, model.get_submodule(path)) for path in paths]
+    try:
+        for path, module in saved:
+            model.set_submodule(path, make(module))
+        yield
+    finally:
+        for path, module in saved:
+            model.set_submodule(path, module)
+
+
 def tensor_attributes(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
     """(module, name, tensor) of the tensors modules hold as plain attributes (not parameters or buffers, nor a
     view of one): state that lives between steps, e.g. the ``weight`` that ``torch.nn.utils.prune`` recomputes
@@ -243,25 +257,9 @@ def trace_prepared(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str
     owner = _owners(model)
     _register_resident(tracker, model, inputs, target, opt, owner)
     from nnmem.cpu import describe
-    from nnmem.frontends.pytorch.quantized import (
-        fbgemm_blocking,
-        packed_threads_note,
-        register_packed,
-        unmodelled_note,
-    )
+    from nnmem.frontends.pytorch.quantized import fbgemm_blocking, register_packed
 
-    blocking = fbgemm_blocking(getattr(rules, "cpu", None) or describe())
-    stand_ins = register_packed(tracker, model, blocking)
-    notes_add = getattr(rules, "notes_add", None)
-    if notes_add is not None:
-        if stand_ins and blocking is not None:
-            notes_add(packed_threads_note(blocking))
-        if (other := unmodelled_note(model)) is not None:
-            notes_add(other)
-        from nnmem.frontends.pytorch.qlora import MODELLED_NOTE, TracedLoRA4bit
-
-        if any(isinstance(m, TracedLoRA4bit) for m in model.modules()):
-            notes_add(MODELLED_NOTE)
+    stand_ins = register_packed(tracker, model, fbgemm_blocking(getattr(rules, "cpu", None) or describe()))
     with tracker, tracker.layer_hooks():
         run_step(model, inputs, mode=mode, opt=opt, loss_fn=loss_fn, target=target, tracker=tracker,
                  micro_steps=micro_steps, set_to_none=set_to_none)
