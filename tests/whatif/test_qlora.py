@@ -47,3 +47,15 @@ def test_refusals() -> None:
         nnmem.apply_technique(model, "qlora:8")
     with pytest.raises(UnsupportedError, match="only its head"):
         nnmem.what_if(nn.Sequential(nn.Linear(4, 2)), (torch.randn(2, 4),), techniques=["qlora:8"])
+
+
+def test_cli_refusals_exit_2() -> None:
+    from click.testing import CliRunner
+
+    from nnmem.cli import cli
+
+    for args, message in ((["--technique", "qlora:0"], "qlora:R"),
+                          (["--mode", "infer", "--technique", "qlora:8"], "way to train")):
+        result = CliRunner().invoke(cli, ["whatif", "mlp", "--batch", "4", *args])
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, \
+            result.output
