@@ -42,3 +42,38 @@ def test_rnn_gradient_accumulators_keep_each_recomputed_state(zoo_step: Callable
     assert kept[("ReadVariableOp", False, 2)] == 0  # the kernel read each iteration is the variable itself
     assert kept[("TensorListGetItem", False, 2)] == 0  # x_t: an element of the input list, already held
     assert kept[("Tanh", False, 2)] == 32 * state
+
+
+def test_gradient_loop_iterations_in_flight_hold_their_kernel_gradients(zoo_step: Callable[..., Any]) -> None:
+    """The LSTM's gradient loop: each iteration's h^T dz (128 x 512) and x^T dz (64 x 512) wait for the sum of
+    the earlier iterations' ones, up to parallel_iterations (32 = the 32 tokens) of them; the high end holds them."""
+    step = zoo_step("keras_lstm", "train", BATCH)
+    cf, _ = trace._concrete(step)
+    functions = replay.functions_of(cf.graph)
+    loop = next(o for o in cf.graph.get_operations()
+                if o.type in replay.WHILES and o.name.startswith("gradient_tape/"))
+    assert replay.in_flight(loop) == 32
+    waiting = replay.waiting_bytes(functions[loop.get_attr("body").name].graph)
+    kernels = (64 + 128) * 512 * 4 + 512 * 4  # the kernels' and the bias' per-iteration gradients
+    small = 16 * BATCH * 128 * 4  # a few (8, 128) gate gradients meeting the carried dh / dc
+    assert kernels <= waiting <= kernels + small
+    graph_replay = replay.Replay(functions)
+    graph_replay.run([loop], {t.name for t in cf.graph.inputs}, [(trace.Phase.BACKWARD, "")])
+    assert graph_replay.overlap == [31 * waiting]
+
+
+def test_a_loop_without_carried_arrays_does_not_overlap() -> None:
+    """Only a value that depends on a carried array can make an iteration wait: a loop that only sums scalars
+    (its counter and a scalar total) adds nothing to the high end, whatever its parallel_iterations."""
+    import tensorflow as tf
+
+    @tf.function
+    def f(x: Any) -> Any:
+        return tf.while_loop(lambda i, s: i < 5, lambda i, s: (i + 1, s + tf.reduce_sum(x * 2.0)),
+                             (tf.constant(0), tf.constant(0.0)), parallel_iterations=7, maximum_iterations=5)
+
+    graph = f.get_concrete_function(tf.TensorSpec((64, 64), tf.float32)).graph
+    functions = replay.functions_of(graph)
+    loop = next(o for o in graph.get_operations() if o.type in replay.WHILES)
+    assert replay.in_flight(loop) == 5  # parallel_iterations 7, but 5 iterations in all
+    assert replay.waiting_bytes(functions[loop.get_attr("body").name].graph) == 0

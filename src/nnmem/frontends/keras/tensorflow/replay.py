@@ -6,6 +6,13 @@ allocate nothing. Control flow stays functional, as on TensorFlow's sequential e
 (``common_runtime/single_threaded_executor.cc``): an ``If`` / ``While`` body is replayed on its own and its
 rise is the op's workspace; a forward ``While`` whose body pushes onto gradient accumulators
 (``TensorListPushBack``) keeps ``iterations ×`` the pushed tensors until the gradient loop consumes them.
+
+The default executor runs a ``While`` lowered to frames (``lower_while_op.cc``, ``executor.cc``: up to the loop's
+``parallel_iterations`` iterations in flight). An iteration's ops run as soon as their inputs exist, so a tensor
+that meets a loop-carried value of the previous iteration (an RNN's gradient of its kernel, ``h_t^T dz_t``,
+waiting for the sum of the earlier ones) can be made by up to ``parallel_iterations`` iterations before the
+chain reaches them. :attr:`Replay.overlap` is that bound per op: ``(in flight - 1) ×`` those waiting bytes, what
+the range's high end adds on top of the sequential rise.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from nnmem.allocators.bfc import bfc_round
 from nnmem.frontends.keras.tensorflow.scratch import Memory, rule_of, scratch_bytes, tensor_bytes
 from nnmem.trace import Phase
 
-__all__ = ["CALLERS", "WHILES", "Replay", "call_depth", "functions_of", "graph_rise", "while_loops"]
+__all__ = ["CALLERS", "WHILES", "Replay", "call_depth", "functions_of", "graph_rises", "in_flight", "waiting_bytes",
+           "while_loops"]
 
 WHILES = frozenset({"While", "StatelessWhile"})
 
@@ -51,6 +59,7 @@ class Replay:
         free_at: the index of the op after which each block is freed (-1: live after the last op).
         layers: the layer of the op that allocates each block.
         ops: (name, phase, layer, workspace in bytes) of each op replayed.
+        overlap: bytes each op may hold beyond its workspace when a loop's iterations overlap (module docstring).
     """
 
     def __init__(self, functions: dict[str, Any]) -> None:
@@ -60,6 +69,7 @@ class Replay:
         self.free_at: list[int] = []
         self.layers: list[str] = []
         self.ops: list[tuple[str, Phase, str, int]] = []  # (name, phase, layer, workspace)
+        self.overlap: list[int] = []
 
     def run(self, ops: list[Any], external: set[str], where: list[tuple[Phase, str]],
             keep: Iterable[str] = (), end_at: list[int] | None = None) -> None:
@@ -82,7 +92,7 @@ class Replay:
         bufs: dict[str, _Buf] = {}
         for index, op in enumerate(ops):
             phase, layer = where[index]
-            workspace = self._workspace(op)
+            workspace, high = self._workspace(op)
             ins = [bufs.get(t.name) for t in op.inputs]
             for k, t in enumerate(op.outputs):
                 bufs[t.name] = self._output(op, k, t, ins, consumers.get(t.name, 0), index, layer, external)
@@ -95,6 +105,7 @@ class Replay:
                 bufs[t.name].until = max(bufs[t.name].until, end[index])
                 self._maybe_free(bufs[t.name])
             self.ops.append((op.name, phase, layer, workspace))
+            self.overlap.append(high - workspace)
 
     def _maybe_free(self, buf: _Buf) -> None:
         if buf.owned and buf.holders <= 0 and self.free_at[buf.block] < 0:
@@ -161,14 +172,20 @@ class Replay:
         fn = self.functions.get(name)
         return getattr(fn, "graph", None) if fn is not None else None
 
-    def _workspace(self, op: Any) -> int:
-        """The kernel's scratch or the rise of a called graph (If branch, While body, function), in bytes."""
-        rise = scratch_bytes(op)
+    def _workspace(self, op: Any) -> tuple[int, int]:
+        """The kernel's scratch or the rise of a called graph (If branch, While body, function), in bytes: run
+        once, and (the high end) with a loop's iterations overlapping as the executor may run them."""
+        rise = high = scratch_bytes(op)
         for attr in CALLERS.get(op.type, ()):  # a While's cond rises too, by a scalar
             graph = self._body(op, attr)
             if graph is not None:
-                rise = max(rise, graph_rise(graph, self.functions))
-        return rise
+                once, most = graph_rises(graph, self.functions)
+                rise, high = max(rise, once), max(high, most)
+        if op.type in WHILES:
+            body = self._body(op, "body")
+            if body is not None:
+                high += (in_flight(op) - 1) * waiting_bytes(body)
+        return rise, high
 
 
 def _through_views(t: Any) -> Any:
@@ -205,6 +222,23 @@ def _is_alias_of_variable(t: Any) -> bool:
 
 
 def _iterations(op: Any) -> int:
+    """A While op's trip count: its ``maximum_iterations`` loop variable (index 1) when constant, else 1."""
+    return _trip_count(op) or 1
+
+
+def in_flight(op: Any) -> int:
+    """Iterations of a ``While`` the default executor may run at once: its ``parallel_iterations``, at most its
+    trip count where that is known (``executor.cc``: a frame starts a new iteration while fewer than
+    ``parallel_iterations`` are outstanding)."""
+    try:
+        parallel = int(op.get_attr("parallel_iterations"))
+    except (ValueError, AttributeError):
+        parallel = 1
+    trips = _trip_count(op)
+    return max(1, min(parallel, trips) if trips else parallel)
+
+
+def _trip_count(op: Any) -> int | None:
     """A While op's trip count: its ``maximum_iterations`` loop variable (index 1) when constant."""
     from tensorflow.python.framework import tensor_util
 
@@ -217,20 +251,50 @@ def _iterations(op: Any) -> int:
         if src.type == "Max" and src.inputs:  # Keras rnn: max(time_steps) over a constant
             value = tensor_util.constant_value(src.inputs[0])
             value = None if value is None else np.max(value)
-    return int(value) if value is not None and int(value) > 0 else 1
+    return int(value) if value is not None and int(value) > 0 else None
 
 
-def graph_rise(graph: Any, functions: dict[str, Any]) -> int:
-    """Peak bytes a function body allocates on top of its arguments, replayed once."""
+def waiting_bytes(body: Any) -> int:
+    """Bytes one iteration of a ``While`` body may hold while it waits for the previous iteration: the body's
+    own tensors an op consumes together with a value that depends on a loop-carried variable (the RNN's
+    ``h``, ``c`` or a gradient sum; not the counters and list handles, whose chains are a few host integers).
+    """
+    carried = {t.name for t in body.inputs if t.dtype not in _HANDLES and (t.shape.rank or 0) > 0
+               and _carried_state(body, t)}
+    depends = set(carried)
+    for op in body.get_operations():  # creation order is a topological order
+        if any(t.name in depends for t in op.inputs):
+            depends.update(t.name for t in op.outputs)
+    waiting: dict[str, int] = {}
+    for op in body.get_operations():
+        for t in op.inputs:
+            src = _through_views(t)
+            if src.name in waiting or src.op.type in _HELD or rule_of(src.op.type).memory is Memory.NONE:
+                continue
+            if any(u.name in depends and u.name != t.name for u in op.inputs):
+                waiting[src.name] = bfc_round(tensor_bytes(src))
+    return sum(waiting.values())
+
+
+_HANDLES = frozenset({tf.variant, tf.resource})
+_HELD = frozenset({"Placeholder", "Const", "ReadVariableOp", "TensorListPopBack", "TensorListGetItem"})
+"""Producers of tensors held anyway: arguments, constants, variables, and list elements (``list_kernels.h``: a
+popped or read element is the list's buffer, held by the list since it was pushed)."""
+
+
+def graph_rises(graph: Any, functions: dict[str, Any]) -> tuple[int, int]:
+    """Peak bytes a function body allocates on top of its arguments, replayed once, and with the overlap of the
+    loops it runs (:attr:`Replay.overlap`)."""
     replay = Replay(functions)
     ops = graph.get_operations()
     replay.run(ops, {t.name for t in graph.inputs}, [(Phase.FORWARD, "")] * len(ops))
-    live = peak = 0
+    live = peak = high = 0
     for index in range(len(replay.ops)):
         live += sum(s for s, a in zip(replay.sizes, replay.alloc_at) if a == index)
         peak = max(peak, live)
+        high = max(high, live + replay.overlap[index])
         live -= sum(s for s, f in zip(replay.sizes, replay.free_at) if f == index)
-    return peak
+    return peak, high
 
 
 def call_depth(graph: Any, functions: dict[str, Any], seen: frozenset[str] = frozenset()) -> int:

@@ -8,8 +8,8 @@ replays (:mod:`.schedule` ``execution_order``) and the executor's orders one op 
 (``executor_waves``) and in seeded timelines where ``threads`` workers run ops of unequal durations
 (``executor_timeline``: one worker runs a chain of ops while another holds a slow kernel's inputs): replayed
 (:mod:`.replay`) and handed to the BFC allocator model (:mod:`nnmem.allocators.bfc`) with the same resident
-blocks. The low end is the bytes requested (no allocator
-waste), the high end the BFC chunks' bytes.
+blocks. The low end is the bytes requested (no allocator waste), the high end the BFC chunks' bytes with each
+``While`` running as many iterations at once as its ``parallel_iterations`` allows (:attr:`.Replay.overlap`).
 """
 
 from __future__ import annotations
@@ -113,10 +113,11 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
         replay = Replay(functions_of(graph))
         replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep, end_at=end_at)
         workspace = [w for *_, w in replay.ops]
-        held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace)
+        high = [w + o for w, o in zip(workspace, replay.overlap)]  # a loop's iterations overlapping: high end only
+        held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, high)
         out.append((peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
                                 workspace, end_at),
-                    peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, workspace, end_at)))
+                    peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, high, end_at)))
     return out
 
 
