@@ -327,13 +327,16 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
                    "accumulate:K (the batch in K micro-batches), optimizer-in-backward, optimizer:foreach|fused, "
                    "prune:AMOUNT (torch.nn.utils.prune on each linear/conv weight), prune-channels:AMOUNT "
                    "(channels removed), autocast:bf16|fp16 (mixed precision), half:bf16|fp16 (half-precision "
-                   "parameters), quantize:int8 (dynamic int8 linear layers, inference), policy:NAME (a Keras dtype "
-                   "policy); repeat for more.")
+                   "parameters), quantize:int8 (dynamic int8 linear layers, inference), save-on-cpu (saved tensors "
+                   "in host memory; with --device a GPU), policy:NAME (a Keras dtype policy); repeat for more.")
 @click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
               help="Also find the largest training and inference batch with each technique, e.g. 16GiB.")
+@click.option("--device", default="cpu", show_default=True,
+              help="Estimate every row for this device: cpu, cuda or a GPU from `nnmem devices` (its rows at the "
+                   "caching allocator's reserved level).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
 def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-           plans: tuple[str, ...], extra: tuple[str, ...], budget: int | None, as_json: bool) -> None:
+           plans: tuple[str, ...], extra: tuple[str, ...], budget: int | None, device: str, as_json: bool) -> None:
     """What each memory-saving technique buys on MODEL: the step traced with it applied, next to the baseline.
 
     Each row is a trace of the transformed step (PyTorch models; gradient checkpointing, in-place
@@ -344,7 +347,7 @@ def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mod
     asked = [f"checkpoint:{p}" for p in plans] + list(extra)
     result = nnmem.what_if(model, batch=batch, input_shape=input_shape or None, mode=mode.lower(),
                           optimizer=_opt(optimizer), techniques=asked or None,
-                          budget=budget, progress=_progress())
+                          budget=budget, device=device, progress=_progress())
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return

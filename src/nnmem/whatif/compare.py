@@ -29,12 +29,12 @@ TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "che
               "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT",
               "prune-channels:AMOUNT", "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "quantize:int8",
               "optimizer:for-loop", "optimizer:foreach", "optimizer:fused", "zero-grad:zeros", "qlora:R",
-              "policy:NAME (Keras)", "remat:full|activations|NAMES (Keras)")
+              "save-on-cpu", "policy:NAME (Keras)", "remat:full|activations|NAMES (Keras)")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
                       "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5",
                       "prune-channels:0.5",
                       "autocast:bf16", "half:bf16", "quantize:int8", "optimizer:foreach", "optimizer:fused",
-                      "zero-grad:zeros")
+                      "zero-grad:zeros", "save-on-cpu")
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def _build(model: Any, inputs: Any, batch: int | None, target: Any, loss_fn: Any
     return model, inputs, target, loss_fn
 
 
-def _applied(model: Any, technique: str, mode: str) -> tuple[str, AbstractContextManager[Any]]:
+def _applied(model: Any, technique: str, mode: str, device: str = "cpu") -> tuple[str, AbstractContextManager[Any]]:
     """(what ``technique`` changes, in words; a context in which the model has it applied).
 
     Raises:
@@ -187,11 +187,21 @@ def _applied(model: Any, technique: str, mode: str) -> tuple[str, AbstractContex
         return (f"{len(qlora_targets(model))} linear layers frozen in 4-bit NF4 (double-quantized scales) with "
                 f"rank-{qlora_rank(technique)} float32 adapters trained, everything else frozen (bitsandbytes + "
                 f"peft; modelled, not measured)", context)
+    if technique == "save-on-cpu":
+        from nnmem.frontends.pytorch.offload import offload_check, offloaded, traced_offload
+
+        offload_check(mode, device)
+        return ("every tensor autograd saves kept in host memory (torch.autograd.graph.save_on_cpu), copied back "
+                "to the device when backward needs it; two host-device copies of each (modelled, not measured)",
+                offloaded(model, traced_offload))
     if kind == "quantize":
         from nnmem.cpu import describe
         from nnmem.frontends.pytorch.quantized import quantization_targets, quantized
 
         _quantize_argument(technique)
+        if device.lower() != "cpu":
+            raise UnsupportedError("quantize:int8 is dynamic quantization with FBGEMM's CPU kernels "
+                                   "(torch.ao.quantization.quantize_dynamic); it does not run on a GPU")
         context = quantized(model, mode, describe())
         return (f"{len(quantization_targets(model))} linear layers' weights in int8, packed by FBGEMM "
                 f"(torch.ao.quantization.quantize_dynamic; inputs quantized per call)", context)
@@ -270,7 +280,7 @@ def _first(value: Any, n: int) -> Any:
 def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: Any = None,
             loss_fn: Callable[..., Any] | None = None, target: Any = None, batch: int | None = None,
             input_shape: Any = None, techniques: Iterable[str] | None = None, budget: Any = None,
-            progress: Callable[[str], None] | None = None) -> WhatIf:
+            device: str = "cpu", progress: Callable[[str], None] | None = None) -> WhatIf:
     """The step's peak with each technique applied next to the baseline's, each from a trace.
 
     Args:
@@ -280,6 +290,8 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             batch in K micro-batches (one optimizer step, gradients summed): the same FLOPs, K smaller steps.
             ``optimizer-in-backward`` updates each parameter inside backward and frees its gradient there.
         budget: bytes or a size text: also find the largest training and inference batch with each technique.
+        device: "cpu", "cuda" or a GPU from ``nnmem devices``: every row is estimated for it (a GPU's rows at the
+            reserved level of nnmem's caching-allocator model). ``save-on-cpu`` applies to a GPU only.
 
     Raises:
         ConfigError: an unknown technique or a malformed plan; UnsupportedError: a Keras model, or a
@@ -292,6 +304,10 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     if framework_of(model) == "keras":
         from nnmem.whatif.keras_policy import keras_what_if
 
+        if device.lower() != "cpu":
+            raise UnsupportedError(f"Keras what-ifs are estimated for the CPU only; device {device!r} is not "
+                                   f"supported for a Keras model yet")
+
         return keras_what_if(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                              batch=batch, input_shape=input_shape, techniques=techniques, budget=budget,
                              progress=progress)
@@ -300,11 +316,11 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
     torch_model, inputs, target, loss_fn = _build(model, inputs, batch, target, loss_fn, input_shape)
     name = model if isinstance(model, str) else type(torch_model).__name__
     kwargs: dict[str, Any] = {"optimizer": optimizer, "loss_fn": loss_fn, "target": target}
-    step = {**kwargs, "mode": mode, "batch": None if inputs is not None else batch}
+    step = {**kwargs, "mode": mode, "batch": None if inputs is not None else batch, "device": device}
 
     def largest(for_mode: str, **step_kwargs: Any) -> int:
         return _fit.max_batch(torch_model, inputs, budget=budget_bytes, progress=progress, mode=for_mode,
-                              **{**kwargs, "optimizer": optimizer if for_mode == "train" else None},
+                              device=device, **{**kwargs, "optimizer": optimizer if for_mode == "train" else None},
                               **step_kwargs).batch
 
     def row(technique: str, description: str, changes_inference: bool = True, trains: bool = True) -> TechniqueRow:
@@ -352,7 +368,7 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         train_batch = None
         if budget_bytes is not None:
             train_batch = _fit.max_batch(torch_model, inputs, budget=budget_bytes, progress=progress, mode="train",
-                                         **{**kwargs, "optimizer": name}).batch
+                                         device=device, **{**kwargs, "optimizer": name}).batch
         return TechniqueRow(technique, f"torch.optim's {name.split(':')[1]} step ({name})", report, baseline.flops,
                             train_batch, baseline.infer_batch)
 
@@ -392,7 +408,7 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
                 skipped.append((technique, str(err)))
             continue
         try:
-            description, context = _applied(torch_model, technique, mode)
+            description, context = _applied(torch_model, technique, mode, device)
         except UnsupportedError as err:
             if asked is not None:
                 raise
@@ -487,6 +503,10 @@ def apply_technique(model: Any, technique: str) -> Any:
 
         _quantize_argument(technique)
         return apply_quantization(model)
+    if technique == "save-on-cpu":
+        from nnmem.frontends.pytorch.offload import apply_offload
+
+        return apply_offload(model)
     if kind == "qlora":
         raise UnsupportedError(f"{technique!r} is modelled, not applied: bitsandbytes' 4-bit kernels need a GPU "
                                f"(apply it with peft and bitsandbytes there)")

@@ -270,7 +270,8 @@ class PyTorchFrontend:
 def _quantization(model: torch.nn.Module, trace: Trace, rules: WorkspaceRules, notes: list[str]) -> None:
     """What an estimate says of quantized layers: the peak range of dynamically quantized ones (their threads'
     buffers overlap or not) and the CPU note on those buffers, quantized modules no rule models, and QLoRA's
-    stand-ins (modelled, not measured: a note on every device)."""
+    stand-ins and save_on_cpu's traced hooks (modelled, not measured: a note on every device)."""
+    from nnmem.frontends.pytorch import offload
     from nnmem.frontends.pytorch.qlora import MODELLED_NOTE, TracedLoRA4bit
     from nnmem.frontends.pytorch.quantized import (
         fbgemm_blocking,
@@ -290,6 +291,8 @@ def _quantization(model: torch.nn.Module, trace: Trace, rules: WorkspaceRules, n
         rules.notes_add(other)
     if any(isinstance(m, TracedLoRA4bit) for m in model.modules()):
         notes.append(MODELLED_NOTE)
+    if offload.is_traced_offload(model):
+        notes.append(offload.MODELLED_NOTE)
 
 
 FRONTEND = PyTorchFrontend()
