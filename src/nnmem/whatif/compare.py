@@ -9,7 +9,8 @@ in-place activations (:mod:`nnmem.frontends.pytorch.inplace`), gradient accumula
 accumulate=K)`` on a micro-batch), the optimizer step inside backward
 (:mod:`nnmem.frontends.pytorch.optimizer_in_backward`) and unstructured pruning
 (:mod:`nnmem.frontends.pytorch.pruning`: it costs memory), autocast and half-precision parameters
-(:mod:`nnmem.frontends.pytorch.precision`).
+(:mod:`nnmem.frontends.pytorch.precision`), saved tensors offloaded to host memory on a GPU
+(:mod:`nnmem.frontends.pytorch.offload`).
 """
 
 from __future__ import annotations
