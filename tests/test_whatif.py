@@ -183,7 +183,8 @@ def test_inference_and_in_place_plans_are_said_not_applied() -> None:
     # the MLP blocks' Dropout after a Linear; pruning, lower precision and quantization change inference too
     fbgemm = fbgemm_blocking(describe()) is not None  # quantize:int8 runs on FBGEMM (AVX2 and up)
     assert [r.technique for r in result.rows] == ["inplace", "prune:0.5", "prune-channels:0.5", "autocast:bf16",
-                                                  "half:bf16", *(["quantize:int8"] if fbgemm else [])]
+                                                  "half:bf16", *(["quantize:int8"] if fbgemm else []),
+                                                  "weight-only:int8", "weight-only:int4"]
     assert all("training only" in why or "ModuleList" in why or "AVX2" in why for _, why in result.skipped)
     vgg = nnmem.what_if("vgg", batch=2, optimizer="sgd")  # ReLU(inplace=True) after a checkpointed segment
     assert any("PyTorch refuses" in why for _, why in vgg.skipped)

@@ -30,12 +30,13 @@ TECHNIQUES = ("checkpoint:blocks", "checkpoint:sqrt", "checkpoint:every:K", "che
               "checkpoint:selective:PLAN", "inplace", "accumulate:K", "optimizer-in-backward", "prune:AMOUNT",
               "prune-channels:AMOUNT", "autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16", "quantize:int8",
               "optimizer:for-loop", "optimizer:foreach", "optimizer:fused", "zero-grad:zeros", "qlora:R",
-              "save-on-cpu", "policy:NAME (Keras)", "remat:full|activations|NAMES (Keras)")
+              "save-on-cpu", "weight-only:int8", "weight-only:int4[:G]", "policy:NAME (Keras)",
+              "remat:full|activations|NAMES (Keras)")
 DEFAULT_TECHNIQUES = ("checkpoint:blocks", "checkpoint:every:2", "checkpoint:sqrt", "checkpoint:selective:blocks",
                       "inplace", "accumulate:2", "accumulate:4", "optimizer-in-backward", "prune:0.5",
                       "prune-channels:0.5",
                       "autocast:bf16", "half:bf16", "quantize:int8", "optimizer:foreach", "optimizer:fused",
-                      "zero-grad:zeros", "save-on-cpu")
+                      "zero-grad:zeros", "save-on-cpu", "weight-only:int8", "weight-only:int4")
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,17 @@ def _applied(model: Any, technique: str, mode: str, device: str = "cpu") -> tupl
         return ("every tensor autograd saves kept in host memory (torch.autograd.graph.save_on_cpu), copied back "
                 "to the device when backward needs it; two host-device copies of each (modelled, not measured)",
                 offloaded(model, traced_offload))
+    if kind == "weight-only":
+        from nnmem.frontends.pytorch.weight_only import weight_only, weight_only_spec, weight_only_targets
+
+        bits, group = weight_only_spec(technique)
+        if device.lower() != "cpu":
+            raise UnsupportedError(f"{technique} is modelled on ATen's CPU weight-only kernels; their GPU "
+                                   f"counterparts pack the weight differently and are not modelled")
+        context = weight_only(model, technique, mode)
+        grouped = f", a scale and zero point per {group} inputs" if bits == 4 else ", a scale per output channel"
+        return (f"{len(weight_only_targets(model, bits, group))} linear layers' weights in int{bits}{grouped}, "
+                f"float activations (ATen's weight-only kernels, as torchao's CPU layouts)", context)
     if kind == "quantize":
         from nnmem.cpu import describe
         from nnmem.frontends.pytorch.quantized import quantization_targets, quantized
@@ -419,7 +431,7 @@ def what_if(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             try:
                 rows.append(row(technique, description,
                                 changes_inference=not technique.startswith(("checkpoint", "qlora")),
-                                trains=not technique.startswith("quantize")))
+                                trains=not technique.startswith(("quantize", "weight-only"))))
             except (RuntimeError, UnsupportedError) as err:  # e.g. an in-place op on a tensor backward needs
                 reason = (str(err) if isinstance(err, UnsupportedError)
                           else f"PyTorch refuses it on this model: {str(err).splitlines()[0]}")
@@ -508,6 +520,10 @@ def apply_technique(model: Any, technique: str) -> Any:
         from nnmem.frontends.pytorch.offload import apply_offload
 
         return apply_offload(model)
+    if kind == "weight-only":
+        from nnmem.frontends.pytorch.weight_only import apply_weight_only
+
+        return apply_weight_only(model, technique)
     if kind == "qlora":
         raise UnsupportedError(f"{technique!r} is modelled, not applied: bitsandbytes' 4-bit kernels need a GPU "
                                f"(apply it with peft and bitsandbytes there)")
