@@ -328,7 +328,8 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
                    "prune:AMOUNT (torch.nn.utils.prune on each linear/conv weight), prune-channels:AMOUNT "
                    "(channels removed), autocast:bf16|fp16 (mixed precision), half:bf16|fp16 (half-precision "
                    "parameters), quantize:int8 (dynamic int8 linear layers, inference), save-on-cpu (saved tensors "
-                   "in host memory; with --device a GPU), policy:NAME (a Keras dtype policy); repeat for more.")
+                   "in host memory; with --device a GPU), weight-only:int8|int4[:G] (int8/int4 linear weights, "
+                   "inference), policy:NAME (a Keras dtype policy); repeat for more.")
 @click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
               help="Also find the largest training and inference batch with each technique, e.g. 16GiB.")
 @click.option("--device", default="cpu", show_default=True,
