@@ -203,8 +203,8 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
     from nnmem.frontends.pytorch.checkpoint_search import calibrate, optimal_checkpoint
     from nnmem.frontends.pytorch.checkpointing import CheckpointPlan, step_flops
     from nnmem.units import format_bytes, parse_size
-    from nnmem.whatif.chain_dp import solve
     from nnmem.whatif.compare import _build, _first, _optimizer_variant
+    from nnmem.whatif.graph_milp import solve_front
 
     if mode != "train":
         raise UnsupportedError("a plan covers training steps (checkpointing, accumulation and the optimizer in "
@@ -291,7 +291,7 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
                     rows.append(PlanRow((*techniques, f"checkpoint:{','.join(cheapest)}"), best.report,
                                         best.extra_flops, baseline_flops, micro, True))
                 # the other end of the front, the least memory (where nothing fits: how close it gets)
-                lowest = min(best.front if best is not None else solve(cal.model), key=lambda c: c.peak)
+                lowest = min(best.front if best is not None else solve_front(cal.model), key=lambda c: c.peak)
                 names = tuple(cal.blocks[j] for j in lowest.blocks)
                 if names and names != cheapest:
                     report = trace(variant, CheckpointPlan("optimal", names))
@@ -423,11 +423,13 @@ def _measure(model: Any, torch_model: Any, inputs: Any, target: Any, loss_fn: An
 def optimal_checkpointing(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = None,
                           optimizer: Any = None, loss_fn: Callable[..., Any] | None = None, target: Any = None,
                           input_shape: Any = None) -> Any:
-    """The gradient-checkpointing plan of ``model``'s chain that recomputes the fewest FLOPs with a training
-    peak within ``budget`` (an :class:`~nnmem.frontends.pytorch.checkpoint_search.OptimalCheckpoint`: ``plan``
-    for :func:`nnmem.apply_checkpointing`, ``peak_bytes`` from a trace of the step with it, ``extra_flops``,
-    ``front``: every Pareto-optimal plan of the chain). Exact: dynamic programming over the chain's blocks on a
-    memory model drawn from three traces (module :mod:`nnmem.whatif.chain_dp`).
+    """The gradient-checkpointing plan of ``model``'s blocks (its chain's, else its root's children) that
+    recomputes the fewest FLOPs with a training peak within ``budget`` (an
+    :class:`~nnmem.frontends.pytorch.checkpoint_search.OptimalCheckpoint`: ``plan`` for
+    :func:`nnmem.apply_checkpointing`, ``peak_bytes`` from a trace of the step with it, ``extra_flops``,
+    ``front``: every Pareto-optimal plan). Exact, on a memory model drawn from three traces: dynamic programming
+    over a chain (:mod:`nnmem.whatif.chain_dp`), a MILP where the blocks are not held as a chain's are
+    (:mod:`nnmem.whatif.graph_milp`, HiGHS).
 
     Raises:
         ConfigError: no plan of the chain's blocks fits the budget (the message gives the lowest peak).
@@ -440,8 +442,8 @@ def optimal_checkpointing(model: Any, inputs: Any = None, *, budget: Any, batch:
     from nnmem import estimate
     from nnmem.frontends.pytorch.checkpoint_search import calibrate, optimal_checkpoint
     from nnmem.units import format_bytes, parse_size
-    from nnmem.whatif.chain_dp import solve
     from nnmem.whatif.compare import _build
+    from nnmem.whatif.graph_milp import solve_front
 
     budget_bytes = parse_size(budget)
     torch_model, inputs, target, loss_fn = _build(model, inputs, batch, target, loss_fn, input_shape)
@@ -454,7 +456,7 @@ def optimal_checkpointing(model: Any, inputs: Any = None, *, budget: Any, batch:
     cal = calibrate(torch_model, trace, lambda p: _flop_counts(lambda: trace(p)))
     best = optimal_checkpoint(cal, budget_bytes, trace)
     if best is None:
-        lowest = min(solve(cal.model), key=lambda c: c.peak)
+        lowest = min(solve_front(cal.model), key=lambda c: c.peak)
         raise ConfigError(f"no checkpoint plan of {type(torch_model).__name__}'s {len(cal.blocks)} blocks fits "
                           f"{format_bytes(budget_bytes)}; the lowest peak is about {format_bytes(lowest.peak)} "
                           f"(checkpointing {len(lowest.blocks)} of them): combine techniques with nnmem.plan")

@@ -1,14 +1,17 @@
-"""The optimal checkpoint plan of a PyTorch model's chain, from two traces and an exact search.
+"""The optimal checkpoint plan of a PyTorch model's blocks, from three traces and an exact search.
 
-Two traces of the step calibrate :class:`nnmem.whatif.chain_dp.ChainModel`: the step as it is and the step with
-every block of the chain (:func:`~nnmem.frontends.pytorch.checkpointing.chain_of`) checkpointed. Their
+The candidates are the blocks of the model's chain (:func:`~nnmem.frontends.pytorch.checkpointing.chain_of`), or,
+where it has none, the root's children that hold parameters. Three traces of the step calibrate the memory model:
+the step as it is and with the even and the odd blocks (in the order their forwards run) checkpointed. Their
 timelines, cut into segments by the block each op belongs to (backward ops are named after the layer whose
-forward made them), give each segment's highest live bytes with its own block kept or recomputed; the bytes
-each block leaves held after its forward, in both traces, give what checkpointing it changes for the segments
-that follow; ``FlopCounterMode`` per module gives each block's recomputed FLOPs. :func:`~nnmem.whatif.chain_dp.
-solve` then finds the cheapest plan under the budget exactly, and the plan is traced once more: the peak
-reported is that trace's, never the model's. Where the model and the trace disagree (an allocator's rounding),
-the search runs again with the budget lowered by the difference.
+forward made them) and by the blocks held there (forward done, backward not begun), give each segment's highest
+live bytes with its own block kept or recomputed; the bytes each block leaves held after its forward give what
+checkpointing it changes for the segments that hold it; ``FlopCounterMode`` per module gives each block's
+recomputed FLOPs. Where every segment holds a prefix of the blocks (a chain run forward in order and backward in
+reverse) :func:`~nnmem.whatif.chain_dp.solve` finds the cheapest plan under the budget exactly; otherwise the
+MILP of :mod:`nnmem.whatif.graph_milp` does (HiGHS). The plan is then traced once more: the peak reported is that
+trace's, never the model's. Where the model and the trace disagree (an allocator's rounding), the search runs
+again with the budget lowered by the difference.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from torch import nn
 from nnmem.errors import UnsupportedError
 from nnmem.frontends.pytorch.checkpointing import CheckpointPlan, chain_of
 from nnmem.report.model import Report, TimelinePoint
-from nnmem.whatif.chain_dp import ChainModel, Choice, Segment, solve
+from nnmem.whatif.chain_dp import ChainModel, Choice, Segment
+from nnmem.whatif.graph_milp import GraphModel, GraphSegment, solve_front
 
 __all__ = ["ChainCalibration", "OptimalCheckpoint", "calibrate", "optimal_checkpoint"]
 
@@ -35,13 +39,13 @@ class ChainCalibration:
 
     Attributes:
         blocks: qualified names of the chain's blocks (the candidates), in order.
-        model: the calibrated :class:`ChainModel`.
+        model: the calibrated :class:`ChainModel` (a chain) or :class:`GraphModel` (any other order).
         baseline: the step as it is. others: the steps with the even and the odd blocks checkpointed.
         baseline_flops: FLOPs of the step as it is (``FlopCounterMode``).
     """
 
     blocks: tuple[str, ...]
-    model: ChainModel
+    model: ChainModel | GraphModel
     baseline: Report
     others: tuple[Report, ...]
     baseline_flops: int
@@ -82,40 +86,57 @@ def _own(layer: str, blocks: tuple[str, ...]) -> int | None:
     return None
 
 
-def _segments(timeline: tuple[TimelinePoint, ...], blocks: tuple[str, ...]) -> list[tuple[tuple[str, int | None,
-                                                                                             int], int, int]]:
-    """((phase, own block, held prefix), point index, live bytes) per point; raises where the blocks do not
-    run in order (forward 0..n-1, backward n-1..0)."""
-    n = len(blocks)
+_Key = tuple[str, "int | None", frozenset[int]]
+
+
+def _segments(timeline: tuple[TimelinePoint, ...], blocks: tuple[str, ...]) -> list[tuple[_Key, int, int]]:
+    """((phase, own block, blocks held), point index, live bytes) per point. A block is held from its forward
+    until its backward begins; the ops of a block's own forward or backward do not count it as held."""
     out = []
-    forward_next, backward_low = 0, n
+    ran: set[int] = set()
+    started: set[int] = set()
     for i, point in enumerate(timeline):
         own = _own(point.layer, blocks)
         if point.phase == "forward" and i and timeline[i - 1].phase != "forward":
-            forward_next, backward_low = 0, n  # the next micro-batch (gradient accumulation)
+            ran, started = set(), set()  # the next micro-batch (gradient accumulation)
         if point.phase == "forward":
+            held = frozenset(ran - {own})
             if own is not None:
-                if own < forward_next - 1:
-                    raise UnsupportedError(f"the chain's blocks do not run in order in forward ({blocks[own]} "
-                                           f"after {blocks[forward_next - 1]}); name the modules to checkpoint")
-                forward_next = max(forward_next, own + 1)
-                prefix = own
-            else:
-                prefix = forward_next
+                ran.add(own)
         elif point.phase == "backward":
             if own is not None:
-                if own > backward_low:
-                    raise UnsupportedError(f"the chain's blocks do not run backward in reverse order "
-                                           f"({blocks[own]} after {blocks[backward_low]}); name the modules "
-                                           f"to checkpoint")
-                backward_low = min(backward_low, own)
-                prefix = own
-            else:
-                prefix = backward_low
+                started.add(own)
+            held = frozenset(ran - started)
         else:
-            own, prefix = None, 0
-        out.append(((point.phase, own, prefix), i, point.allocator_bytes))
+            own, held = None, frozenset()
+        out.append(((point.phase, own, held), i, point.allocator_bytes))
     return out
+
+
+def _forward_order(timeline: tuple[TimelinePoint, ...], blocks: tuple[str, ...]) -> tuple[str, ...]:
+    """The blocks in the order their forwards first run (blocks that never run are left out)."""
+    first: dict[int, int] = {}
+    for i, point in enumerate(timeline):
+        own = _own(point.layer, blocks) if point.phase == "forward" else None
+        if own is not None:
+            first.setdefault(own, i)
+    return tuple(blocks[j] for j in sorted(first, key=first.__getitem__))
+
+
+def _candidates(model: nn.Module) -> tuple[str, ...]:
+    """The chain's blocks that hold parameters, or where there is no chain the root's children that do.
+
+    Raises:
+        UnsupportedError: fewer than two such modules.
+    """
+    modules = dict(model.named_modules())
+    try:
+        _, children = chain_of(model)
+    except UnsupportedError:
+        children = [name for name, _ in model.named_children()]
+        if sum(any(True for _ in modules[c].parameters()) for c in children) < 2:
+            raise
+    return tuple(c for c in children if any(True for _ in modules[c].parameters()))
 
 
 def _after(timeline: tuple[TimelinePoint, ...], blocks: tuple[str, ...]) -> list[int]:
@@ -152,14 +173,14 @@ def calibrate(model: nn.Module, estimate: Callable[[CheckpointPlan | None], Repo
         estimate: the step's estimate with a plan applied (None: as it is).
         count_flops: ``FlopCounterMode.get_flop_counts()`` of the step with a plan applied.
     """
-    _, children = chain_of(model)
-    modules = dict(model.named_modules())
-    blocks = tuple(c for c in children if any(True for _ in modules[c].parameters()))
-    n = len(blocks)
-    parities = [frozenset(range(0, n, 2)), frozenset(range(1, n, 2))]
-    parities = [p for p in parities if p]
-    plans = [CheckpointPlan("optimal", tuple(blocks[j] for j in sorted(p))) for p in parities]
     base = estimate(None)
+    blocks = _forward_order(base.timeline, _candidates(model))
+    n = len(blocks)
+    if n < 2:
+        raise UnsupportedError(f"{type(model).__name__} runs fewer than two blocks with parameters to checkpoint; "
+                               f"name the modules instead")
+    parities = [frozenset(range(0, n, 2)), frozenset(range(1, n, 2))]
+    plans = [CheckpointPlan("optimal", tuple(blocks[j] for j in sorted(p))) for p in parities]
     traced = [estimate(plan) for plan in plans]
     root = type(model).__name__
     base_counts = count_flops(None)
@@ -177,36 +198,45 @@ def calibrate(model: nn.Module, estimate: Callable[[CheckpointPlan | None], Repo
         for j in sorted(chosen):
             delta[j] = after[j] - plain_after[j] - changed
             changed += delta[j]
-    prefix_sum = [0]
-    for d in delta:
-        prefix_sum.append(prefix_sum[-1] + d)
-    kept: dict[tuple[str, int | None, int], int] = {}
-    recomputed: dict[tuple[str, int | None, int], int] = {}
+    kept: dict[_Key, int] = {}
+    recomputed: dict[_Key, int] = {}
     for chosen, report in ((frozenset(), base), *zip(parities, traced)):
-        sums = [0]
-        for j, d in enumerate(delta):
-            sums.append(sums[-1] + (d if j in chosen else 0))
         for key, _, live in _segments(report.timeline, blocks):
             high = recomputed if key[1] in chosen else kept
-            value = live - sums[key[2]]
+            value = live - sum(delta[j] for j in key[2] if j in chosen)
             high[key] = max(high.get(key, value), value)
-    segments = []
-    for key in sorted({*kept, *recomputed}, key=lambda k: (k[0], k[2], -1 if k[1] is None else k[1])):
-        _, own, prefix = key
+    bases = {}
+    for key in {*kept, *recomputed}:
         plain, again = kept.get(key), recomputed.get(key)
         plain = again if plain is None else plain
         again = plain if again is None else again
-        segments.append(Segment(prefix, own, plain, again if own is not None else plain))  # type: ignore[arg-type]
+        bases[key] = (plain, again if key[1] is not None else plain)
     total = sum(base_counts.get("Global", {}).values())
-    return ChainCalibration(blocks, ChainModel(tuple(segments), tuple(delta), tuple(flops)), base,
-                            tuple(traced), total)
+    return ChainCalibration(blocks, _memory_model(bases, delta, flops), base, tuple(traced), total)
+
+
+def _memory_model(bases: dict[_Key, tuple[int | None, int | None]], delta: list[int],
+                  flops: list[int]) -> ChainModel | GraphModel:
+    """The chain's model where every segment holds a prefix of the blocks and a block's own segments hold the
+    blocks before it; the general model otherwise."""
+    def prefix(held: frozenset[int]) -> int | None:
+        return len(held) if held == frozenset(range(len(held))) else None
+
+    chain = all(prefix(held) is not None and (own is None or own == len(held)) for _, own, held in bases)
+    if chain:
+        order = sorted(bases, key=lambda k: (k[0], len(k[2]), -1 if k[1] is None else k[1]))
+        return ChainModel(tuple(Segment(len(k[2]), k[1], *bases[k]) for k in order),  # type: ignore[arg-type]
+                          tuple(delta), tuple(flops))
+    order = sorted(bases, key=lambda k: (k[0], sorted(k[2]), -1 if k[1] is None else k[1]))
+    return GraphModel(tuple(GraphSegment(k[2], k[1], *bases[k]) for k in order),  # type: ignore[arg-type]
+                      tuple(delta), tuple(flops))
 
 
 def optimal_checkpoint(cal: ChainCalibration, budget: int,
                        estimate: Callable[[CheckpointPlan | None], Report]) -> OptimalCheckpoint | None:
     """The plan of the calibrated chain that recomputes the fewest FLOPs with a traced peak (``estimate``)
     within ``budget`` bytes; None where no plan of the chain's blocks fits."""
-    front = tuple(solve(cal.model))
+    front = tuple(solve_front(cal.model))
     limit = budget
     for _ in range(_RETRIES):
         fitting = [c for c in front if c.peak <= limit]
