@@ -18,10 +18,9 @@ the chain's dynamic programme or this one by the model's kind.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
-from nnmem.whatif.chain_dp import ChainModel, Choice, _cheapest_first, solve
+from nnmem.whatif.chain_dp import ChainModel, Choice, _cheapest_first, brute_force, solve
 
 __all__ = ["GraphModel", "GraphSegment", "brute_force_graph", "graph_front", "solve_front"]
 
@@ -112,15 +111,7 @@ def graph_front(model: GraphModel, *, budget: int | None = None) -> list[Choice]
 
 def brute_force_graph(model: GraphModel, *, budget: int | None = None) -> list[Choice]:
     """The same front as :func:`graph_front`, from every subset (2**n of them: tests only)."""
-    choices = []
-    n = len(model.delta)
-    for r in range(n + 1):
-        for blocks in itertools.combinations(range(n), r):
-            chosen = frozenset(blocks)
-            peak = model.peak(chosen)
-            if budget is None or peak <= budget:
-                choices.append(Choice(blocks, peak, model.cost(chosen)))
-    return _cheapest_first(choices)
+    return brute_force(model, budget=budget)  # type: ignore[arg-type]  # only peak, cost and delta are read
 
 
 def solve_front(model: ChainModel | GraphModel, *, budget: int | None = None) -> list[Choice]:
