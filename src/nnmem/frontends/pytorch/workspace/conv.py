@@ -16,7 +16,7 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import aten, nbytes
-from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_scratch
+from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
 from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward
 from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward, conv_transpose_forward
@@ -42,6 +42,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
     if call.dtype != torch.float32 or len(call.x_shape) != 4 and not onednn_3d_forward(call, backend):
         return 0  # not modelled: conv_note says so
     if backend == "mkldnn" and onednn_nhwc(call):
+        if call.one_d:  # the 4-D views ATen hands oneDNN
+            x, weight = x.unsqueeze(2), weight.unsqueeze(2)
         return nhwc_forward(x, weight, call.groups, info.onednn_block)
     if (call.x_layout != "contiguous" and not call.one_d) or (backend == "mkldnn" and onednn_gemm(call, info)[0]):
         return 0  # not modelled: conv_note says so
@@ -156,17 +158,26 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         conv = (call.stride, call.padding, call.dilation)
         if onednn_gemm(call, info)[1]:  # the weights' gradient on gemm (conv_note says so): grad_input only
             mask = (mask[0], False, False)
-        return nhwc_backward(grad_out, x, weight, call.groups, conv, mask, out, info.onednn_block)
-    if call.x_layout != "contiguous" or onednn_gemm(call, info)[0]:
+        if call.one_d:  # the 4-D views ATen hands oneDNN
+            grad_out, x, weight = grad_out.unsqueeze(2), x.unsqueeze(2), weight.unsqueeze(2)
+        extra = 0  # a first convolution (1 to 3 channels) reduces the weights' partial sums over threads
+        if mask[1] and call.groups == 1 and call.x_shape[1] <= 3 and info.onednn_block == 16 and \
+                bwd_weights_kernel(call, info.onednn_block) in ("jit:avx512_core", "jit_1x1:avx512_core"):
+            extra = bwd_weights_scratch(call, bool(mask[2]), info.onednn_block, torch.get_num_threads(),
+                                        nxc=True) or 0
+        return extra + nhwc_backward(grad_out, x, weight, call.groups, conv, mask, out, info.onednn_block)
+    if (call.x_layout != "contiguous" and not call.one_d) or onednn_gemm(call, info)[0]:
         return 0  # conv_note says so
+    # convolution_backward makes a strided 1-D input contiguous first (view1d_as_2d), live through the kernel
+    copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else 0
     if onednn_gemm(call, info)[1]:  # the weights' gradient on gemm (conv_note says so): grad_input only
         mask = (mask[0], False, False)
     strided_nhwc = call.groups == 1 and any(s > 1 for s in call.stride)
     scratchpad = 0
     if mask[1]:  # the weights' reduction over threads (conv_note when not sized)
         scratchpad = bwd_weights_scratch(call, bool(mask[2]), info.onednn_block, torch.get_num_threads()) or 0
-    return conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
-                         strided_nhwc, scratchpad)
+    return copy + conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
+                                strided_nhwc, scratchpad)
 
 
 CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | None]] = {

@@ -166,15 +166,16 @@ def avx512_1x1(d: ConvDims, nthreads: int, strided: bool = False) -> int:
 _MIN_OH_REDUCE = 9  # jit_avx512_common_conv_bwd_weights_kernel_f32_t::min_oh_reduce
 
 
-def avx512_direct(d: ConvDims, nthreads: int, dilated: bool) -> int:
+def avx512_direct(d: ConvDims, nthreads: int, dilated: bool, nxc: bool = False) -> int:
     """``jit:avx512_core`` (``jit_avx512_common_convolution_bwd_weights_t``) on nChw16c, or on nchw for a
-    first convolution of 1 to 3 channels (``ic_block = ic``)."""
+    first convolution of 1 to 3 channels (``ic_block = ic``); ``nxc``: on nhwc activations, which never take
+    the 2-D (oh) reduction harness, and whose padded bias the caller books (:mod:`.conv_nhwc`)."""
     blk = 16
     first = d.ic <= 3
     ic_block = d.ic if first else blk
     ic, oc = d.ic if first else round_up(d.ic, blk), round_up(d.oc, blk)
     nb_ic, nb_oc, k = ic // ic_block, oc // blk, d.kh * d.kw
-    two_d = not dilated and d.oh > _MIN_OH_REDUCE
+    two_d = not dilated and not nxc and d.oh > _MIN_OH_REDUCE
     ih_r, oh_r = (d.ih, d.oh) if two_d else (1, 1)
     ih_n, oh_n = (1, 1) if two_d else (d.ih, d.oh)
     nthr_oh = max(1, oh_r // _MIN_OH_REDUCE)
@@ -206,7 +207,7 @@ def avx512_direct(d: ConvDims, nthreads: int, dilated: bool) -> int:
     if nthr_mb > 1:
         total += _book((oc * ic * k + oc) * (nthr_mb - 1) * _F32) + _barriers(1)
     if d.with_bias:
-        total += _book(oc * _F32) if d.oc % blk else 0
+        total += _book(oc * _F32) if d.oc % blk and not nxc else 0
         total += _reducer(nthr, blk, nb_oc, d.mb, nthr * 3 * 5 * 5 * 16 * 16)
     return total
 
@@ -273,7 +274,7 @@ def bwd_weights_kernel(call: ConvCall, block: int) -> str | None:
     ``kw > 14``, which the direct kernels refuse; a depthwise one outside ``jit_uni_dw``; other groups)."""
     if len(call.x_shape) != 4:
         return None
-    if call.groups == call.x_shape[1] == call.w_shape[0]:
+    if 1 < call.groups == call.x_shape[1] == call.w_shape[0]:  # one group of one channel: a dense one
         return "jit_dw" if dw_jit_bwd_weights(call.x_shape, call.w_shape, call.stride, call.padding,
                                               call.dilation) else None
     if call.groups != 1:
@@ -290,7 +291,7 @@ def bwd_weights_kernel(call: ConvCall, block: int) -> str | None:
     return "jit:avx512_core" if block == 16 and not 4 <= call.x_shape[1] < 16 else "jit:avx2"
 
 
-def bwd_weights_scratch(call: ConvCall, with_bias: bool, block: int, nthreads: int) -> int | None:
+def bwd_weights_scratch(call: ConvCall, with_bias: bool, block: int, nthreads: int, nxc: bool = False) -> int | None:
     """Bytes of the backward-weights scratchpad ideep allocates for this call, None where not modelled.
 
     Args:
@@ -298,6 +299,7 @@ def bwd_weights_scratch(call: ConvCall, with_bias: bool, block: int, nthreads: i
         with_bias: whether the bias gradient is computed in the same primitive.
         block: oneDNN's channel block on this CPU (16 on AVX-512, 8 below).
         nthreads: ``dnnl_get_max_threads()``, i.e. ``torch.get_num_threads()``.
+        nxc: nhwc activations (sized for the direct AVX-512 kernel only).
     """
     kernel = bwd_weights_kernel(call, block)
     if kernel is None:
@@ -317,5 +319,5 @@ def bwd_weights_scratch(call: ConvCall, with_bias: bool, block: int, nthreads: i
     if kernel == "jit_dw":
         return depthwise(d, nthreads, block)
     if kernel == "jit:avx512_core":
-        return avx512_direct(d, nthreads, dilated=dh != 1)
+        return avx512_direct(d, nthreads, dilated=dh != 1, nxc=nxc)
     return avx2_direct(d, nthreads)

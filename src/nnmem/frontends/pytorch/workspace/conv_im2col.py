@@ -38,7 +38,15 @@ def _made_contiguous(call: ConvCall) -> int:
     """Bytes of ``input.contiguous(fmt)`` and ``weight.contiguous(fmt)`` before the Slow2d kernel (a strided
     1-D input is made contiguous by ``_convolution`` first)."""
     fmt = _slow2d_format(call)
-    return ((call.x_bytes if call.x_layout != fmt else 0) + (call.w_bytes if call.w_layout != fmt else 0))
+    return _copy(call.x_shape, call.x_bytes, call.x_layout, fmt) + _copy(call.w_shape, call.w_bytes, call.w_layout, fmt)
+
+
+def _copy(shape: tuple[int, ...], size: int, layout: str, fmt: str) -> int:
+    """Bytes ``contiguous(fmt)`` copies: none when the tensor already is, as a contiguous tensor with one
+    channel or one spatial element is also channels-last (size-1 dimensions' strides do not count)."""
+    if layout == fmt or layout == "contiguous" and (shape[1] == 1 or math.prod(shape[2:]) == 1):
+        return 0
+    return size
 
 
 def _slice_copy(shape: tuple[int, ...], itemsize: int, groups: int) -> int:

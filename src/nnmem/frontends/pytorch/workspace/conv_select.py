@@ -61,6 +61,21 @@ def tensor_layout(t: torch.Tensor) -> str:
     return "strided"
 
 
+def strides_like_channels_last(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """c10's ``is_channels_last_strides_2d_s4`` (c10/core/MemoryFormat.h), behind ``suggest_memory_format``:
+    whether 4-D strides read as channels-last (ambiguous N111-like strides fall back to contiguous)."""
+    if strides[1] == 0:
+        return False
+    low = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < low:
+            return False
+        if d == 0 and low == strides[1]:
+            return False
+        low = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True
+
+
 def _expand(value: Any, dims: int, default: int) -> tuple[int, ...]:
     if value is None:
         return (default,) * dims
@@ -78,8 +93,16 @@ def conv_call(x: torch.Tensor, weight: torch.Tensor, stride: Any = 1, padding: A
     dilation, output_padding = _expand(dilation, dims, 1), _expand(output_padding, dims, 0)
     x_shape, w_shape = tuple(int(d) for d in x.shape), tuple(int(d) for d in weight.shape)
     x_layout, w_layout = tensor_layout(x), tensor_layout(weight)
+    if dims == 2 and x_layout == "contiguous" and strides_like_channels_last(
+            x_shape, tuple(int(v) for v in x.stride())):  # one channel, e.g. a transposed (N, H, W, 1)
+        x_layout = "channels_last"
     if dims == 1:  # Convolution.cpp _convolution: input.contiguous(), view1d_as_2d(), view4d()
         x_shape, w_shape = (*x_shape[:2], 1, x_shape[2]), (*w_shape[:2], 1, w_shape[2])
+        if x_layout == "contiguous":  # contiguous already (one channel: a transposed (N, L, 1) is): no copy, and
+            # unsqueeze(2) may give strides that suggest channels-last, then oneDNN runs it nhwc (ONEDNN_VERBOSE)
+            s0, s1, s2 = (int(v) for v in x.stride())
+            if strides_like_channels_last(x_shape, (s0, s1, x_shape[3] * s2, s2)):
+                x_layout = "channels_last"
         stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
         output_padding = (0, *output_padding)
         w_layout = "contiguous" if w_layout == "contiguous" else "strided"
@@ -211,9 +234,22 @@ def onednn_transpose_backward(call: ConvCall, info: CpuInfo) -> bool:
 
 
 def onednn_nhwc(call: ConvCall) -> bool:
-    """``mkldnn_conv_use_channels_last`` (mkldnn/Utils.h): a 2-D convolution whose input or weight is
-    channels-last runs on nhwc activations."""
-    return not call.one_d and len(call.x_shape) == 4 and "channels_last" in (call.x_layout, call.w_layout)
+    """``mkldnn_conv_use_channels_last`` (mkldnn/Utils.h): a 2-D convolution (a 1-D one viewed as 2-D) whose
+    input or weight suggests channels-last runs on nhwc activations."""
+    return len(call.x_shape) == 4 and "channels_last" in (call.x_layout, call.w_layout)
+
+
+def _brgemm_relo(call: ConvCall, info: CpuInfo) -> bool:
+    """Whether oneDNN's brgemm forward (AVX-512, nhwc, float32) relays a one-channel input out per thread
+    (``try_relo_wi`` / ``try_relo_whi`` in cpu/x64/jit_brgemm_conv_utils.cpp: ic 1, no dilation, a kernel wider
+    than 1, or taller than 1 with more than 4 output columns): its scratchpad then holds per-thread input
+    buffers (``exec_trans``) that are not sized here. A dilated or 1x1 one takes the modelled constant."""
+    if not (onednn_nhwc(call) and call.dtype == torch.float32 and call.groups == 1 and call.w_shape[1] == 1
+            and info.onednn_block == 16 and all(d == 1 for d in call.dilation)):
+        return False
+    kh, kw = call.w_shape[2], call.w_shape[3]
+    ow = (call.x_shape[3] + 2 * call.padding[-1] - (kw - 1) - 1) // call.stride[-1] + 1
+    return kw > 1 or kh > 1 and ow > 4
 
 
 def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
@@ -226,6 +262,9 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     if backend == "mkldnn" and call.x_layout == "strided" and not call.one_d:
         return f"{call.x_layout} convolution input through oneDNN: {NOT_MODELLED}"
     depthwise = call.groups == call.x_shape[1] == call.w_shape[0]
+    if backend == "mkldnn" and not call.backward and _brgemm_relo(call, info):
+        return f"single-channel channels-last convolution with an input relayout on oneDNN's brgemm kernel " \
+               f"(exec_trans, ISA {info.isa}): {NOT_MODELLED}"
     if backend == "mkldnn" and onednn_nhwc(call) and call.groups > 1 and not depthwise and info.onednn_block < 16:
         return f"grouped channels-last convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     if backend == "mkldnn" and call.dtype == torch.float32 and any(onednn_gemm(call, info)):
