@@ -1,5 +1,5 @@
 """The workspace rules of the other ops with kernel scratch: embedding backward, a linear layer on an input whose
-leading dimensions do not fold, binary ops on inputs of mixed floating dtypes, eval-mode dropout; each cites the
+leading dimensions do not fold, binary ops on inputs of mixed dtypes, eval-mode dropout; each cites the
 ATen source it follows."""
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ def rule_linear(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, trainin
 
 def rule_promoted_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,
                          info: CpuInfo) -> int:
-    """A binary op whose tensor inputs have different floating dtypes (a float16 ``add`` into a float32 residual
-    under autocast): on a CPU, ``TensorIteratorBase::compute_types`` (aten/src/ATen/TensorIterator.cpp) gives
+    """A binary op whose tensor inputs have different dtypes (a float16 ``add`` into a float32 residual under
+    autocast; a float gradient times a bool mask, as ``amax``/``max`` backward's ``scale_grad_by_count``): on a CPU, ``TensorIteratorBase::compute_types`` (aten/src/ATen/TensorIterator.cpp) gives
     each input of another dtype than the common one a converted copy (``op.tensor().to(common_dtype_)``,
     ``promote_inputs_to_common_dtype``), freed when the op ends; and an output of another dtype (the in-place
     ``add_`` of a float16 tensor and a float32 one) a temporary of the common dtype, copied back
     (``cast_common_dtype_to_outputs``). Zero-dimensional inputs (scalars) are left out: a few bytes."""
     tensors = [a for a in args[:2] if isinstance(a, torch.Tensor)]
-    if len(tensors) < 2 or not all(t.is_floating_point() for t in tensors) or tensors[0].dtype == tensors[1].dtype:
+    if len(tensors) < 2 or tensors[0].dtype == tensors[1].dtype:
         return 0
     common = torch.result_type(tensors[0], tensors[1])
     size = common.itemsize if hasattr(common, "itemsize") else torch.empty((), dtype=common).element_size()
