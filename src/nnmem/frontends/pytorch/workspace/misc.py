@@ -39,7 +39,8 @@ def rule_linear(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, trainin
 def rule_promoted_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,
                          info: CpuInfo) -> int:
     """A binary op whose tensor inputs have different dtypes (a float16 ``add`` into a float32 residual under
-    autocast; a float gradient times a bool mask, as ``amax``/``max`` backward's ``scale_grad_by_count``): on a CPU, ``TensorIteratorBase::compute_types`` (aten/src/ATen/TensorIterator.cpp) gives
+    autocast; a float gradient times a bool mask, as ``amax``/``max`` backward's ``scale_grad_by_count``): on a
+    CPU, ``TensorIteratorBase::compute_types`` (aten/src/ATen/TensorIterator.cpp) gives
     each input of another dtype than the common one a converted copy (``op.tensor().to(common_dtype_)``,
     ``promote_inputs_to_common_dtype``), freed when the op ends; and an output of another dtype (the in-place
     ``add_`` of a float16 tensor and a float32 one) a temporary of the common dtype, copied back
