@@ -202,3 +202,60 @@ def test_reduction_over_a_unit_leading_product_matches_a_real_call() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[_reduction_rise.__module__])
     measured, modelled = run_in_child(_reduction_rise, timeout_s=120, preload=library(), env={"KERAS_BACKEND": "jax"})
     assert abs(modelled - measured) <= 0.05 * measured, (measured, modelled)
+
+
+def _one_feature_convolution_rises() -> list[tuple[int, int]]:
+    """(measured malloc rise, modelled scratch + output + bookkeeping) of jitted one-output-feature convolutions:
+    a depthwise 1-D Keras layer on one feature (f32[5,24,1], k3, dilation 2) and a wider one (f32[4,64,8], k3)."""
+    import gc
+
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    from nnmem.runner.mallocpeak import counters
+
+    counter = counters()
+    assert counter is not None, "the malloc counter is not preloaded"
+    out = []
+    for n, length, c, k, d in ((5, 24, 1, 3, 2), (4, 64, 8, 3, 1)):
+        x, w = jnp.ones((n, length, c)), jnp.ones((k, c, 1))
+        compiled = jax.jit(lambda x, w, d=d: lax.conv_general_dilated(
+            x, w, (1,), "VALID", rhs_dilation=(d,), dimension_numbers=("NWC", "WIO", "NWC"))).lower(x, w).compile()
+        module = hlo.parse(compiled.as_text())
+        modelled = (scratch.fusion_workspace(module).high + int(compiled.memory_analysis().output_size_in_bytes)
+                    + scratch.runtime_bookkeeping(module, 1))
+        rises = []
+        for i in range(7):
+            gc.collect()
+            before = counter.current()
+            counter.reset_peak()
+            y = compiled(x, w)
+            jax.block_until_ready(y)
+            if i >= 2:
+                rises.append(counter.peak() - before)
+            del y
+        out.append((sorted(rises)[2], modelled))
+    return out
+
+
+@pytest.mark.accuracy
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND") != "jax", reason="needs KERAS_BACKEND=jax")
+def test_one_feature_convolution_packs_no_more_than_its_operands() -> None:
+    """Eigen runs a contraction with one output column on one thread (``if (n == 1) num_threads = 1``), its
+    packed blocks no larger than the operands: the thread pool's 74 KB packing buffer is not allocated (the
+    estimate of the tiny layer was 85,508 B for a 15 KB step). The single-thread blocking is bounded, not
+    sized: never under, and on the tiny layer within 2 KB."""
+    import sys
+
+    import cloudpickle
+
+    from nnmem.runner.child import run_in_child
+    from nnmem.runner.mallocpeak import library
+
+    cloudpickle.register_pickle_by_value(sys.modules[_one_feature_convolution_rises.__module__])
+    pairs = run_in_child(_one_feature_convolution_rises, timeout_s=120, preload=library(),
+                         env={"KERAS_BACKEND": "jax"})
+    assert all(modelled >= measured for measured, modelled in pairs), pairs
+    tiny_measured, tiny_modelled = pairs[0]
+    assert tiny_modelled - tiny_measured <= 2048, pairs

@@ -33,6 +33,9 @@ __all__ = ["Workspace", "fusion_workspace", "runtime_bookkeeping"]
 _EIGEN_PACKING = 74_184
 """Bytes of Eigen's contraction packing buffer, beside a convolution's im2col buffer and in XLA's own dots
 (calibrated on single 3x3 and 5x5 convolutions and on keras_mlp's weight-gradient dots)."""
+_EIGEN_ALIGN = 64
+"""``EIGEN_MAX_ALIGN_BYTES`` with AVX-512: each packed block is rounded up to it (``TensorContractionKernel::
+allocate``)."""
 _YNN_BLOCK = 128 * 1024
 """Bytes of a YNNPACK packing / tiling block, one per worker thread (calibrated: 131,144 B mallocs)."""
 _DOT_PACK_ROWS = 64
@@ -153,15 +156,30 @@ _YNN_RULES: dict[str, Callable[[Instruction, _Fusion], tuple[int, int]]] = {
 
 
 # ---- top-level instructions of the entry computation -----------------------------------------------------
+def _sequential_packing(lhs: int, rhs: int) -> int:
+    """Eigen's packing buffer of a contraction it runs on one thread, for operands of ``lhs`` and ``rhs``
+    bytes: its blocks never exceed the operands (single-thread ``evaluateProductBlockingSizesHeuristic`` only
+    shrinks kc, mc, nc from k, m, n; ``TensorContractionKernel::allocate`` books bm*bk + bk*bn, each aligned),
+    and never the calibrated thread-pool size."""
+    def aligned(n: int) -> int:
+        return -(-n // _EIGEN_ALIGN) * _EIGEN_ALIGN
+    return min(_EIGEN_PACKING, aligned(lhs) + aligned(rhs))
+
+
 def _eigen_convolution(ins: Instruction, module: Module, threads: int) -> int:
     """XLA's own convolution (``xla/backends/cpu/runtime/conv_impl.h``, ``EigenConv2DImpl``: per feature group,
     ``extract_image_patches`` then a contraction): an im2col buffer of the output, one group at a time, and
-    Eigen's packing buffer (calibrated: 8x32x32x3 -> 16, 3x3 and 5x5 SAME)."""
+    Eigen's packing buffer (calibrated: 8x32x32x3 -> 16, 3x3 and 5x5 SAME). With one output feature per group
+    the contraction runs sequentially (``TensorContractionThreadPool.h`` ``evalProductImpl``: ``if (n == 1)
+    num_threads = 1``), its blocks no larger than the im2col matrix and the group's kernel."""
     c = conv(ins, module.types)
     if c is None or not c.window:
         return 0
     spatial = math.prod(c.out[c.out_labels.index(str(k))] for k in range(len(c.window)))
-    return c.dim("b") * spatial * math.prod(c.window) * (c.dim("f") // c.groups) * c.item + _EIGEN_PACKING
+    rows = math.prod(c.window) * (c.dim("f") // c.groups) * c.item
+    im2col = c.dim("b") * spatial * rows
+    features = c.out[c.out_labels.index("f")] // c.groups
+    return im2col + (_sequential_packing(im2col, rows * features) if features == 1 else _EIGEN_PACKING)
 
 
 def _eigen_dot(ins: Instruction, module: Module, threads: int) -> int:
