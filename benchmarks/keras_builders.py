@@ -219,6 +219,11 @@ def conv_transpose(rng: random.Random) -> Body:
 
 # --- pooling, upsampling -----------------------------------------------------------------------------------
 
+def _global_pool(kind: str, dim: int) -> Any:
+    """``GlobalMaxPooling1D`` / ``2D`` or ``GlobalAveragePooling1D`` / ``2D``, looked up when used."""
+    return getattr(L, f"Global{'Max' if kind == 'max' else 'Average'}Pooling{dim}D")
+
+
 def pooling(rng: random.Random) -> Body:
     dim, cf = rng.choice([1, 2]), _channels_first(rng)
     sizes = [rng.randint(*_SIZES[dim]) for _ in range(dim)]
@@ -238,9 +243,7 @@ def pooling(rng: random.Random) -> Body:
         sizes = [_out_len(n, pool, strides or pool, 1, padding) for n in sizes]
     end = rng.choice(["none", "global_max", "global_average"])
     if end != "none":
-        cls = {("global_max", 1): L.GlobalMaxPooling1D, ("global_max", 2): L.GlobalMaxPooling2D,
-               ("global_average", 1): L.GlobalAveragePooling1D, ("global_average", 2): L.GlobalAveragePooling2D}
-        layers.append(cls[end, dim](data_format=_fmt(cf)))
+        layers.append(_global_pool(end.removeprefix("global_"), dim)(data_format=_fmt(cf)))
         parts.append(end)
     return Body((Feed(feed),), f"in={feed} {_fmt(cf)} pool{dim}d[{', '.join(parts)}]", tuple(layers))
 
@@ -251,8 +254,7 @@ def global_pooling(rng: random.Random) -> Body:
     c, filters = rng.choice([1, 2, 3, 4]), rng.randint(2, 32)
     feed = _shape(sizes, c, cf)
     kind, keep = rng.choice(["max", "average"]), rng.random() < 0.3
-    cls = {("max", 1): L.GlobalMaxPooling1D, ("max", 2): L.GlobalMaxPooling2D,
-           ("average", 1): L.GlobalAveragePooling1D, ("average", 2): L.GlobalAveragePooling2D}[kind, dim]
+    cls = _global_pool(kind, dim)
     layers = (_conv_cls(dim)(filters, 3, padding="same", activation=_act(rng), data_format=_fmt(cf)),
               cls(data_format=_fmt(cf), keepdims=keep))
     return Body((Feed(feed),), f"in={feed} {_fmt(cf)} conv{filters} global_{kind}{dim}d{' keepdims' if keep else ''}",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -161,9 +163,27 @@ def test_reduction_over_a_unit_leading_product_holds_it_five_times(monkeypatch: 
     assert scratch.fusion_workspace(_reduction_of_a_product("2,4,4,64,64")).high == 2 * scratch._YNN_BLOCK
 
 
+def _median_rise(counter: Any, run: Callable[[], Any]) -> int:
+    """The malloc high-water rise of ``run()`` (blocked until ready), the median of 5 calls after 2 warm-ups."""
+    import gc
+
+    import jax
+
+    rises = []
+    for i in range(7):
+        gc.collect()
+        before = counter.current()
+        counter.reset_peak()
+        out = run()
+        jax.block_until_ready(out)
+        if i >= 2:
+            rises.append(counter.peak() - before)
+        del out
+    return sorted(rises)[2]
+
+
 def _reduction_rise() -> tuple[int, int]:
     """(measured malloc rise, modelled scratch + output) of a jitted ``sum(a * b, axis=-1)`` over f32[1,8,4,64,64]."""
-    import gc
 
     import jax
     import jax.numpy as jnp
@@ -176,17 +196,7 @@ def _reduction_rise() -> tuple[int, int]:
     compiled = jax.jit(lambda a, b: jnp.sum(a * b, axis=-1)).lower(a, b).compile()
     modelled = scratch.fusion_workspace(hlo.parse(compiled.as_text())).high + \
         int(compiled.memory_analysis().output_size_in_bytes)
-    rises = []
-    for i in range(7):
-        gc.collect()
-        before = counter.current()
-        counter.reset_peak()
-        out = compiled(a, b)
-        jax.block_until_ready(out)
-        if i >= 2:
-            rises.append(counter.peak() - before)
-        del out
-    return sorted(rises)[2], modelled
+    return _median_rise(counter, lambda: compiled(a, b)), modelled
 
 
 @pytest.mark.accuracy
@@ -207,7 +217,6 @@ def test_reduction_over_a_unit_leading_product_matches_a_real_call() -> None:
 def _one_feature_convolution_rises() -> list[tuple[int, int]]:
     """(measured malloc rise, modelled scratch + output + bookkeeping) of jitted one-output-feature convolutions:
     a depthwise 1-D Keras layer on one feature (f32[5,24,1], k3, dilation 2) and a wider one (f32[4,64,8], k3)."""
-    import gc
 
     import jax
     import jax.numpy as jnp
@@ -225,17 +234,7 @@ def _one_feature_convolution_rises() -> list[tuple[int, int]]:
         module = hlo.parse(compiled.as_text())
         modelled = (scratch.fusion_workspace(module).high + int(compiled.memory_analysis().output_size_in_bytes)
                     + scratch.runtime_bookkeeping(module, 1))
-        rises = []
-        for i in range(7):
-            gc.collect()
-            before = counter.current()
-            counter.reset_peak()
-            y = compiled(x, w)
-            jax.block_until_ready(y)
-            if i >= 2:
-                rises.append(counter.peak() - before)
-            del y
-        out.append((sorted(rises)[2], modelled))
+        out.append((_median_rise(counter, lambda compiled=compiled, x=x, w=w: compiled(x, w)), modelled))
     return out
 
 

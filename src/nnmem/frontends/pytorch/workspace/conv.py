@@ -161,7 +161,7 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         if call.one_d:  # the 4-D views ATen hands oneDNN
             grad_out, x, weight = grad_out.unsqueeze(2), x.unsqueeze(2), weight.unsqueeze(2)
         extra = 0  # a first convolution (1 to 3 channels) reduces the weights' partial sums over threads
-        if mask[1] and call.groups == 1 and call.x_shape[1] <= 3 and info.onednn_block == 16 and \
+        if mask[1] and call.groups == 1 and call.x_shape[1] <= 3 and \
                 bwd_weights_kernel(call, info.onednn_block) in ("jit:avx512_core", "jit_1x1:avx512_core"):
             extra = bwd_weights_scratch(call, bool(mask[2]), info.onednn_block, torch.get_num_threads(),
                                         nxc=True) or 0

@@ -93,19 +93,17 @@ def conv_call(x: torch.Tensor, weight: torch.Tensor, stride: Any = 1, padding: A
     dilation, output_padding = _expand(dilation, dims, 1), _expand(output_padding, dims, 0)
     x_shape, w_shape = tuple(int(d) for d in x.shape), tuple(int(d) for d in weight.shape)
     x_layout, w_layout = tensor_layout(x), tensor_layout(weight)
-    if dims == 2 and x_layout == "contiguous" and strides_like_channels_last(
-            x_shape, tuple(int(v) for v in x.stride())):  # one channel, e.g. a transposed (N, H, W, 1)
-        x_layout = "channels_last"
+    strides = tuple(int(v) for v in x.stride())
     if dims == 1:  # Convolution.cpp _convolution: input.contiguous(), view1d_as_2d(), view4d()
         x_shape, w_shape = (*x_shape[:2], 1, x_shape[2]), (*w_shape[:2], 1, w_shape[2])
-        if x_layout == "contiguous":  # contiguous already (one channel: a transposed (N, L, 1) is): no copy, and
-            # unsqueeze(2) may give strides that suggest channels-last, then oneDNN runs it nhwc (ONEDNN_VERBOSE)
-            s0, s1, s2 = (int(v) for v in x.stride())
-            if strides_like_channels_last(x_shape, (s0, s1, x_shape[3] * s2, s2)):
-                x_layout = "channels_last"
+        strides = (strides[0], strides[1], x_shape[3] * strides[2], strides[2])  # unsqueeze(2)'s strides
         stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
         output_padding = (0, *output_padding)
         w_layout = "contiguous" if w_layout == "contiguous" else "strided"
+    if dims in (1, 2) and x_layout == "contiguous" and strides_like_channels_last(x_shape, strides):
+        # contiguous and channels-last at once (one channel: a transposed (N, L, 1) or (N, H, W, 1)): ATen's
+        # suggest_memory_format of the 4-D view says channels-last, and oneDNN runs it nhwc (ONEDNN_VERBOSE)
+        x_layout = "channels_last"
     return ConvCall(x_shape, w_shape, x.dtype, x.element_size(), x_layout, w_layout, stride, padding, dilation,
                     bool(transposed), output_padding, int(groups), dims == 1)
 
