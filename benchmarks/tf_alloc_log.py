@@ -37,19 +37,23 @@ for i in range(int(sys.argv[2])):
 
 
 def steps(log: list[str]) -> list[dict[str, object]]:
-    """Each logged step: its start bytes, the BFC's peak, and the buffers live at the replayed peak."""
+    """Each logged step: its start bytes, the BFC's peak, the buffers live at the replayed peak, and the buffers
+    the step made that outlive it (``survivors``: variables that adopted a step buffer, copies of updated ones)."""
     out: list[dict[str, object]] = []
     live: dict[int, tuple[int, int, str, str]] = {}
     step: dict[str, object] | None = None
     current = peak = 0
+    born: set[int] = set()  # allocation ids made during the current step
     for line in log:
         if line.startswith("@@STEP"):
             _, _, edge, value = line.split()
             if edge == "start":
                 current = peak = int(value)
                 step = {"start": current, "at_peak": {}, "replayed": current}
+                born = set()
             elif step is not None:
                 step["peak"] = int(value)
+                step["survivors"] = [live[k] for k in sorted(born) if k in live]
                 out.append(step)
                 step = None
             continue
@@ -67,6 +71,8 @@ def steps(log: list[str]) -> list[dict[str, object]]:
                 continue
             shape = "x".join(re.findall(r"size: (\d+)", line))
             live[key] = (int(requested.group(1)), int(allocated.group(1)), shape, kernel.group(1) if kernel else "?")
+            if step is not None:
+                born.add(key)
             current += int(allocated.group(1))
             if step is not None and current > peak:
                 peak = current
@@ -104,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'requested':>12s} {'chunk':>12s}  {'shape':18s} kernel")
     for req, alloc, shape, kernel in held[:args.top]:
         print(f"{req:>12,} {alloc:>12,}  {shape:18s} {kernel[-80:]}")
+    for s in logged:
+        kept = s["survivors"]  # type: ignore[union-attr]
+        print(f"step made {len(kept)} buffers that outlive it: " + ", ".join(  # type: ignore[arg-type]
+            f"{b[1]:,} B {b[3][-50:]}" for b in kept))
     return 0
 
 

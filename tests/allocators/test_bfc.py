@@ -29,3 +29,16 @@ def test_random_initializers_leave_holes_that_later_variables_fill() -> None:
     # under 2x the request, handed out unsplit (249,600 B in the real build, whose 256 B seed tensors sit there too)
     assert held[0] == 256_000 and held[1] == 249_856
     assert sum(held) == 775_424  # the real build leaves 777,216 B in use (small tensors besides)
+
+
+def test_a_variable_that_adopts_a_step_buffer_leaves_a_hole_handed_out_whole() -> None:
+    """AssignVariableOp adopts its value's buffer (a BatchNorm's moving mean): the variable moves into the step's
+    space and its old chunk joins the free one beside it. The next step's 1 KiB request finds that 1,280 B chunk,
+    under twice its size, and gets it whole; the variable moves on past it, and the third step's request gets
+    1,536 B."""
+    resident = [(256, 0)]
+    sizes, alloc_at, free_at = [1024, 256], [0, 0], [1, 1]
+    _, chunks = steady_state_chunks(resident, sizes, alloc_at, free_at, [0, 0])
+    assert chunks == [1024, 256]  # written in place: every step finds the same free space
+    _, chunks = steady_state_chunks(resident, sizes, alloc_at, free_at, [0, 0], adopted=[(1, 1, 0)])
+    assert chunks[0] == 1536

@@ -10,6 +10,7 @@ allocator level. Imports no framework.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Sequence
 
 __all__ = ["BFC_MIN_ALLOCATION", "BFC_STEPS", "BFCAllocator", "bfc_round", "steady_state_chunks"]
 
@@ -110,7 +111,8 @@ class BFCAllocator:
 
 
 def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc_at: list[int],
-                        free_at: list[int], workspace: list[int]) -> tuple[list[int], list[int]]:
+                        free_at: list[int], workspace: list[int],
+                        adopted: Sequence[tuple[int, int, int]] = ()) -> tuple[list[int], list[int]]:
     """The chunk each resident block and each step block gets in a steady-state step, in bytes.
 
     Args:
@@ -121,15 +123,22 @@ def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc
         alloc_at: the op index that allocates each step block.
         free_at: the op index after which each step block is freed (-1: after the last op).
         workspace: bytes each op allocates and frees inside itself (0: none), one entry per op.
+        adopted: (op index, step block, resident block) where a variable adopts a step block's buffer: the
+            resident block's chunk is freed at that op and the step block's chunk stays, as the variable's,
+            through the next steps (a BatchNorm's moving statistics, a metric's total: they move every step
+            and split the free space the next step's buffers are fitted into).
 
     Returns:
         (chunk bytes of each resident block, chunk bytes of each step block in the last of :data:`BFC_STEPS`).
     """
     bfc = BFCAllocator()
     kept: list[int] = []
+    where: list[int] = []
     for nbytes, temporaries in resident:
         held = [bfc.alloc(nbytes)[0] for _ in range(temporaries)]
-        kept.append(bfc.alloc(nbytes)[1])
+        addr, chunk = bfc.alloc(nbytes)
+        where.append(addr)
+        kept.append(chunk)
         for addr in reversed(held):
             bfc.release(addr)
     born: dict[int, list[int]] = {}
@@ -137,6 +146,7 @@ def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc
     for b, (a, f) in enumerate(zip(alloc_at, free_at)):
         born.setdefault(a, []).append(b)
         dying.setdefault(f if f >= 0 else len(workspace) - 1, []).append(b)
+    adopting = {b: r for _, b, r in adopted}
     chunks = [0] * len(sizes)
     for _ in range(BFC_STEPS):
         addrs: dict[int, int] = {}
@@ -146,5 +156,10 @@ def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc
             if scratch:
                 bfc.release(bfc.alloc(scratch)[0])
             for b in dying.get(i, ()):
-                bfc.release(addrs[b])
+                r = adopting.get(b)
+                if r is None:
+                    bfc.release(addrs[b])
+                else:  # the variable now lives in the block's chunk; its previous one is freed
+                    bfc.release(where[r])
+                    where[r] = addrs[b]
     return kept, chunks

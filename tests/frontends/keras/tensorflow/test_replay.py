@@ -77,3 +77,84 @@ def test_a_loop_without_carried_arrays_does_not_overlap() -> None:
     loop = next(o for o in graph.get_operations() if o.type in replay.WHILES)
     assert replay.in_flight(loop) == 5  # parallel_iterations 7, but 5 iterations in all
     assert replay.waiting_bytes(functions[loop.get_attr("body").name].graph) == 0
+
+
+def test_assigned_values_the_variable_adopts(zoo_step: Callable[..., Any]) -> None:
+    """AssignVariableOp adopts its value's buffer when it is the value's last user (``forward_input``): in
+    keras_two_branch_cnn's Adam step, the BatchNorm's moving statistics, the loss metric's total and count and the
+    optimizer's iteration. TensorFlow's allocation log of the real step (``benchmarks/tf_alloc_log.py``) shows
+    these five 256 B buffers outliving the step that made them; Adam's slots and the weights are updated in place
+    (AssignSub/AssignAdd), and no weight moves."""
+    from nnmem.frontends.keras.common import resident_variables
+    from nnmem.frontends.keras.tensorflow.schedule import execution_order, reachable
+    from nnmem.trace import Phase
+
+    step = zoo_step("keras_two_branch_cnn", "train", BATCH)
+    cf, _ = trace._concrete(step)
+    graph = cf.graph
+    ops = execution_order(graph, reachable(graph))
+    graph_replay = replay.Replay(replay.functions_of(graph))
+    graph_replay.run(ops, {t.name for t in graph.inputs}, [(Phase.FORWARD, "")] * len(ops),
+                     keep=[t.name for t in graph.outputs])
+    variables = resident_variables(step.model, "train")
+    handles = trace.variable_handles(step, graph)
+    moved = sorted(str(variables[r][0].name) for _, _, r in trace.adoptions(graph_replay, handles))
+    assert moved == ["count", "iteration", "moving_mean", "moving_variance", "total"]
+    assert all(graph_replay.sizes[b] == 256 for _, b, _ in graph_replay.adopted)
+
+
+_COPY_ON_WRITE = r"""
+import tensorflow as tf
+v = tf.Variable(tf.zeros((256, 1024)))  # 1 MiB
+@tf.function
+def step(x):
+    w = v.read_value()
+    update = v.assign_sub(x)
+    with tf.control_dependencies([update]):  # the read is still held when the update runs
+        return tf.reduce_sum(w)
+x = tf.ones((256, 1024))
+step(x)
+for _ in range(4):
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    step(x)
+    print(tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
+"""
+
+
+def test_an_update_while_a_read_is_held_copies_the_variable() -> None:
+    """AssignSubVariableOp on a variable whose read is still held copies it first (PrepareToUpdateVariable): the
+    replay's copy block is what the real step's BFC peak rises by. The real steps alternate between 1 MiB + 256 B
+    and 2 MiB - 256 B (the copy lands in a free chunk under twice its size every other step, handed out whole):
+    the bytes requested are the lower one."""
+    import subprocess
+    import sys
+
+    import tensorflow as tf
+
+    from nnmem.frontends.keras.tensorflow.schedule import execution_order, reachable
+    from nnmem.trace import Phase
+
+    v = tf.Variable(tf.zeros((256, 1024)))
+
+    @tf.function
+    def step(x: Any) -> Any:
+        w = v.read_value()
+        update = v.assign_sub(x)
+        with tf.control_dependencies([update]):
+            return tf.reduce_sum(w)
+
+    graph = step.get_concrete_function(tf.TensorSpec((256, 1024))).graph
+    ops = execution_order(graph, reachable(graph))
+    graph_replay = replay.Replay(replay.functions_of(graph))
+    graph_replay.run(ops, {t.name for t in graph.inputs}, [(Phase.FORWARD, "")] * len(ops),
+                     keep=[t.name for t in graph.outputs])
+    copies = [(ops[i].type, graph_replay.sizes[b]) for i, b, _ in graph_replay.adopted]
+    assert copies == [("AssignSubVariableOp", 1 << 20)]
+    rise = max(sum(s for s, a, f in zip(graph_replay.sizes, graph_replay.alloc_at, graph_replay.free_at)
+                   if a <= i and (f < 0 or f >= i)) for i in range(len(ops)))
+    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-c", _COPY_ON_WRITE], env=env, capture_output=True, text=True,
+                          timeout=120, check=True)
+    measured = [int(line) for line in done.stdout.split()[-4:]]
+    assert rise == min(measured) == (1 << 20) + 256

@@ -33,6 +33,9 @@ __all__ = ["CALLERS", "WHILES", "Replay", "call_depth", "functions_of", "graph_r
 
 WHILES = frozenset({"While", "StatelessWhile"})
 
+_UPDATES = frozenset({"AssignAddVariableOp", "AssignSubVariableOp"})
+"""In-place updates of a resource variable (``resource_variable_ops.cc``, ``AssignUpdateVariableOp``)."""
+
 CALLERS = {"If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
            "While": ("cond", "body"), "StatelessWhile": ("cond", "body"), "PartitionedCall": ("f",),
            "StatefulPartitionedCall": ("f",), "Case": (), "StatelessCase": ()}
@@ -48,6 +51,7 @@ class _Buf:
     holders: int
     owned: bool  # allocated by the step (not a variable, input or constant), so it can be freed/forwarded
     until: int = -1  # the latest op index a holder of it runs until
+    var: str = ""  # a read of this variable (its handle's tensor name), or a view of one
 
 
 class Replay:
@@ -60,6 +64,15 @@ class Replay:
         layers: the layer of the op that allocates each block.
         ops: (name, phase, layer, workspace in bytes) of each op replayed.
         overlap: bytes each op may hold beyond its workspace when a loop's iterations overlap (module docstring).
+        adopted: (op index, block, variable handle's tensor name) of each ``AssignVariableOp`` that adopts its
+            value's buffer: the variable holds the block from then on and its previous buffer is freed
+            (``resource_variable_ops.cc``, ``AssignVariableOp::Compute``: "Copying is unnecessary if we are the
+            last user of the value tensor", ``forward_input``). The block's ``free_at`` stays the op's index:
+            the bytes in use are the same, what moves is where the variable lives (the BFC layout). An
+            ``AssignAddVariableOp`` / ``AssignSubVariableOp`` that runs while a read of its variable is still held
+            copies the variable first (``training_op_helpers.h``, ``PrepareToUpdateVariable``: "Tensor's buffer
+            is in use by some read"): a new block from that op until the reads are done, which the variable
+            adopts (an order where an optimizer's update overtakes the backward op that still reads the weight).
     """
 
     def __init__(self, functions: dict[str, Any]) -> None:
@@ -70,6 +83,8 @@ class Replay:
         self.layers: list[str] = []
         self.ops: list[tuple[str, Phase, str, int]] = []  # (name, phase, layer, workspace)
         self.overlap: list[int] = []
+        self.adopted: list[tuple[int, int, str]] = []
+        self._reads: dict[str, list[_Buf]] = {}
 
     def run(self, ops: list[Any], external: set[str], where: list[tuple[Phase, str]],
             keep: Iterable[str] = (), end_at: list[int] | None = None) -> None:
@@ -90,10 +105,17 @@ class Replay:
             for t in op.inputs:
                 consumers[t.name] = consumers.get(t.name, 0) + 1
         bufs: dict[str, _Buf] = {}
+        copies: list[tuple[int, list[_Buf]]] = []
         for index, op in enumerate(ops):
             phase, layer = where[index]
             workspace, high = self._workspace(op)
             ins = [bufs.get(t.name) for t in op.inputs]
+            if op.type == "AssignVariableOp" and len(ins) > 1:
+                value = ins[1]
+                if value is not None and value.owned and value.holders == 1 and value.block >= 0:
+                    self.adopted.append((index, value.block, op.inputs[0].name))
+            elif op.type in _UPDATES and len(op.inputs) > 1:
+                self._copy_on_write(op, index, layer, copies)
             for k, t in enumerate(op.outputs):
                 bufs[t.name] = self._output(op, k, t, ins, consumers.get(t.name, 0), index, layer, external)
             for buf in ins:
@@ -106,6 +128,19 @@ class Replay:
                 self._maybe_free(bufs[t.name])
             self.ops.append((op.name, phase, layer, workspace))
             self.overlap.append(high - workspace)
+        for block, reads in copies:  # the variable's previous buffer is held until its last read is done
+            if all(r.holders <= 0 for r in reads):
+                self.free_at[block] = max(r.until for r in reads)
+
+    def _copy_on_write(self, op: Any, index: int, layer: str, copies: list[tuple[int, list[_Buf]]]) -> None:
+        """An in-place update of a variable some read still holds: the variable is copied to a new block."""
+        handle = op.inputs[0].name
+        held = [r for r in self._reads.get(handle, ()) if r.holders > 0 or r.until >= index]  # waiting or running
+        nbytes = tensor_bytes(op.inputs[1])
+        if held and nbytes:
+            block = self._new(nbytes, index, layer)
+            self.adopted.append((index, block, handle))
+            copies.append((block, held))
 
     def _maybe_free(self, buf: _Buf) -> None:
         if buf.owned and buf.holders <= 0 and self.free_at[buf.block] < 0:
@@ -126,6 +161,11 @@ class Replay:
             return _Buf(0, -1, uses, False)
         if rule.memory is Memory.VIEW:
             src = ins[k] if kind == "IdentityN" and k < len(ins) else (ins[0] if ins else None)
+            var = op.inputs[0].name if kind == "ReadVariableOp" and op.inputs else (src.var if src else "")
+            if var:  # a read of a variable, or a view of one: tracked for the updates that must copy
+                read = _Buf(0, -1, uses, False, var=var)
+                self._reads.setdefault(var, []).append(read)
+                return read
             if src is None or not src.owned:
                 return _Buf(0, -1, uses, False)
             src.holders += uses  # the view keeps the source alive through its own consumers

@@ -102,7 +102,7 @@ def grappler_graph(graph: Any, fetch: list[str]) -> Any | None:
 
 
 def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], threads: int,
-           resident: list[tuple[int, int]]) -> list[tuple[int, int]]:
+           resident: list[tuple[int, int]], handles: dict[str, int]) -> list[tuple[int, int]]:
     """(requested, BFC) peaks of the executor's orders: in waves 1 and ``threads`` ops at a time, each of
     ``PICKS``, and ``TIMELINES`` seeded timelines of ``threads`` workers."""
     orders = [executor_waves(graph, kept, n, pick) for n in sorted({1, threads}) for pick in PICKS]
@@ -114,7 +114,8 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
         replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep, end_at=end_at)
         workspace = [w for *_, w in replay.ops]
         high = [w + o for w, o in zip(workspace, replay.overlap)]  # a loop's iterations overlapping: high end only
-        held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, high)
+        adopted = [(i, b, handles[name]) for i, b, name in replay.adopted if name in handles]
+        held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, high, adopted)
         out.append((peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
                                 workspace, end_at),
                     peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, high, end_at)))
@@ -140,7 +141,7 @@ def _fetch(graph: Any, kept: set[str]) -> list[str]:
 
 
 def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequential: tuple[int, int],
-               grappler: bool = True) -> tuple[int, int, int]:
+               handles: dict[str, int] | None = None, grappler: bool = True) -> tuple[int, int, int]:
     """(lowest, highest peak, inter-op threads), in bytes, over the step's op orders (module docstring).
 
     Args:
@@ -148,12 +149,15 @@ def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequ
         kept: names of the ops the function runs.
         resident: (bytes, initializer temporaries) of the blocks live before the step (BFC requests).
         sequential: (requested, BFC) peak of the sequential order, in bytes.
+        handles: the resident index of each variable by its handle placeholder's name (a variable that adopts a
+            step buffer moves there: :func:`~nnmem.allocators.bfc.steady_state_chunks`).
         grappler: include the graph as Grappler rewrites it.
     """
     threads = inter_op_threads()
     keep = [t.name for t in graph.outputs]
     inputs = {t.name for t in graph.inputs}
-    peaks = [sequential, *_peaks(graph, kept, inputs, keep, threads, resident)]
+    handles = handles or {}
+    peaks = [sequential, *_peaks(graph, kept, inputs, keep, threads, resident, handles)]
     rewritten = grappler_graph(graph, _fetch(graph, kept)) if grappler else None
     if rewritten is not None:
         names = {op.name for op in rewritten.get_operations()}
@@ -162,5 +166,5 @@ def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequ
             resident = [*resident, (folded, 0)]
         with suppress(TraceError):  # a loop lowered to v1 control flow (NextIteration) is a cycle: left out
             peaks += _peaks(rewritten, names, {n for n in inputs if n.split(":")[0] in names},
-                            [n for n in keep if n.split(":")[0] in names], threads, resident)
+                            [n for n in keep if n.split(":")[0] in names], threads, resident, handles)
     return min(p for p, _ in peaks), max(b for _, b in peaks), threads

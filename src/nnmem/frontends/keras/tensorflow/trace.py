@@ -201,6 +201,23 @@ def _resident(step: KerasStep, graph: Any) -> tuple[list[Block], list[int]]:
     return blocks, before + [0] * (len(blocks) - len(before))
 
 
+def variable_handles(step: KerasStep, graph: Any) -> dict[str, int]:
+    """The resident index (:func:`_resident` order) of each variable, by the name of the handle placeholder the
+    step's graph captured it as."""
+    index: dict[int, int] = {}
+    for r, (v, _, _) in enumerate(resident_variables(step.model, step.mode)):
+        handle = getattr(getattr(v, "_value", v), "handle", None)
+        if handle is not None:
+            index[id(handle)] = r
+    return {internal.name: index[id(external)] for external, internal in getattr(graph, "captures", ())
+            if id(external) in index}
+
+
+def adoptions(replay: Replay, handles: dict[str, int]) -> list[tuple[int, int, int]]:
+    """(op index, step block, resident index) of each buffer a variable adopts (:attr:`Replay.adopted`)."""
+    return [(i, b, handles[name]) for i, b, name in replay.adopted if name in handles]
+
+
 def _held(blocks: list[Block], held: list[int]) -> list[Block]:
     """The resident blocks with what their BFC chunks hold beyond the bytes requested (the 256 B rounding, and
     the whole of a free chunk under twice the request, as an initializer's temporaries leave them) split off
@@ -275,10 +292,12 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
     blocks, temporaries = _resident(step, graph)
     resident = [(bfc_round(b.nbytes), t) for b, t in zip(blocks, temporaries)]
     workspace = [w for *_, w in replay.ops]
-    held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace)
+    handles = variable_handles(step, graph)
+    held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace,
+                                       adoptions(replay, handles))
     sequential = (peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at, workspace),
                   peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, workspace))
-    low, high, threads = peak_range(graph, kept, resident, sequential) if with_range else (None, None, None)
+    low, high, threads = peak_range(graph, kept, resident, sequential, handles) if with_range else (None, None, None)
     blocks = _held(blocks, held)
     base = len(blocks)
     for b, size in enumerate(chunks):
