@@ -119,15 +119,21 @@ class KerasFrontend:
         return report_from_trace(trace, source="estimate", model=request.name, device="cpu", notes=notes)
 
     def tracer(self, request: StepRequest) -> Callable[[int], Trace]:
-        """The model is built once (a spec's factory at batch 1); inputs and target are rebatched as zeros."""
+        """The model is built once (a spec's factory at batch 1); inputs and target are rebatched as zeros.
+
+        On TensorFlow the traces leave out the peak range over the executor's orders (Grappler and some forty
+        replays per graph): a batch search reads the sequential peak, as ``estimate`` reports it.
+        """
         request = self.load(request)
         first, loss_fn, _ = _step(request, 1)
         trace_module = backend_module("trace")
+        options = {"with_range": False} if keras.backend.backend() == "tensorflow" else {}
 
         def trace_at(batch: int) -> Trace:
             step = prepare(first.model, rebatch(first.x, batch), rebatch(first.y, batch), mode=request.mode,
                            optimizer=request.optimizer, loss=loss_fn)
-            return trace_module.trace_step(step, meta={**_meta(step, batch), "batch": batch})  # type: ignore[no-any-return]
+            meta = {**_meta(step, batch), "batch": batch}
+            return trace_module.trace_step(step, meta=meta, **options)  # type: ignore[no-any-return]
 
         return trace_at
 
