@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -78,10 +79,11 @@ def test_grappler_removes_the_gradients_identity_n() -> None:
 
 
 def test_timelines_are_orders_the_executor_can_run() -> None:
-    """Each seeded timeline starts an op only after its inputs' producers, and frees nothing before it starts."""
+    """Each seeded timeline (random picks, and the thread pool's depth-first chains) starts an op only after its
+    inputs' producers, and frees nothing before it starts."""
     from nnmem.frontends.keras.common import KerasStep
     from nnmem.frontends.keras.tensorflow import trace
-    from nnmem.frontends.keras.tensorflow.schedule import executor_timeline, reachable
+    from nnmem.frontends.keras.tensorflow.schedule import executor_pool_timeline, executor_timeline, reachable
     from nnmem.zoo.keras_models import FACTORIES
 
     model, x, y, loss = FACTORIES["keras_two_branch_cnn"](BATCH)
@@ -89,8 +91,8 @@ def test_timelines_are_orders_the_executor_can_run() -> None:
     graph = trace._concrete(KerasStep(model, x, y, "train", BATCH))[0].graph
     kept = reachable(graph)
     overlapping = 0
-    for seed in range(4):
-        ops, end_at = executor_timeline(graph, kept, 2, seed)
+    for seed, timeline in itertools.product(range(4), (executor_timeline, executor_pool_timeline)):
+        ops, end_at = timeline(graph, kept, 2, seed)
         position = {op.name: i for i, op in enumerate(ops)}
         assert sorted(position) == sorted(kept)
         for i, op in enumerate(ops):

@@ -20,8 +20,8 @@ from typing import Any
 from nnmem.errors import TraceError
 from nnmem.frontends.keras.tensorflow.scratch import tensor_bytes
 
-__all__ = ["PICKS", "UNPINNED", "executor_timeline", "executor_waves", "execution_order", "pin", "pinned_schedule",
-           "reachable"]
+__all__ = ["PICKS", "UNPINNED", "executor_pool_timeline", "executor_timeline", "executor_waves", "execution_order",
+           "pin", "pinned_schedule", "reachable"]
 
 _FUSED_PRODUCERS = frozenset({"Conv2D", "DepthwiseConv2dNative", "Conv3D", "MatMul", "Pad", "_FusedConv2D"})
 _FUSED_CONSUMERS = frozenset({"BiasAdd", "Conv2D", "DepthwiseConv2dNative", "_FusedConv2D"})
@@ -228,12 +228,74 @@ def executor_timeline(graph: Any, kept: set[str], threads: int, seed: int) -> tu
     if len(order) != len(ops):  # a merged pair closed a cycle: the sequential order
         order = execution_order(graph, kept)
         return order, list(range(len(order)))
-    end_at = [0] * len(order)
-    for g, count in ends:
+    return order, _ends(len(order), started, ends)
+
+
+def executor_pool_timeline(graph: Any, kept: set[str], threads: int, seed: int) -> tuple[list[Any], list[int]]:
+    """An order the default executor runs the ops in on its thread pool, with unequal op durations.
+
+    ``executor.cc`` (``ExecutorState::ScheduleReady``, every kernel expensive until ``KernelStats`` has timed it
+    over some ninety runs): of the ops a finished op makes ready, the last runs next on the same thread and the
+    others go to the pool (``RunTask``), which a pool thread pushes to the front of its own queue (Eigen's
+    ``NonBlockingThreadPool::Schedule``: ``PushFront``). A free worker pops the front of its own queue, else steals
+    from the back of another's. So each worker runs a chain depth-first — after a weight's gradient, the
+    optimizer's update of that weight — while the ops beside it wait in the queues: an update can overtake the
+    backward op that still reads the weight (the variable is then copied, :class:`.replay.Replay`). Durations as
+    in :func:`executor_timeline`, from ``random.Random(seed)``, which also picks the queue a steal comes from.
+    """
+    ops = [op for op in graph.get_operations() if op.name in kept]
+    group_of = _fusion_groups(ops)
+    members, users, waiting = _group_edges(ops, group_of)
+    rng = random.Random(seed)
+    size = {g: sum(tensor_bytes(t) for i in m for t in ops[i].outputs) for g, m in members.items()}
+    workers = max(threads, 1)
+    queues: list[deque[int]] = [deque() for _ in range(workers)]
+    for g in members:
+        if waiting[g] == 0:  # scheduled from outside the pool: the back of a random queue
+            queues[rng.randrange(workers)].append(g)
+    idle = list(range(workers))
+    running: list[tuple[float, int, int, int]] = []  # (end time, start order, group, worker)
+    order: list[Any] = []
+    started: dict[int, tuple[int, int]] = {}
+    ends: list[tuple[int, int]] = []
+    now = 0.0
+    while True:
+        for w in list(idle):
+            others = [q for k, q in enumerate(queues) if k != w and q]
+            if queues[w]:
+                g = queues[w].popleft()
+            elif others:
+                g = rng.choice(others).pop()
+            else:
+                continue
+            idle.remove(w)
+            first = len(order)
+            order.extend(ops[i] for i in members[g])
+            started[g] = (first, len(order) - 1)
+            heapq.heappush(running, (now + rng.expovariate(1.0) * (1.0 + size[g] / 65536), first, g, w))
+        if not running:
+            break
+        now, _, g, w = heapq.heappop(running)
+        idle.append(w)
+        ends.append((g, len(order)))
+        for u in users[g]:
+            waiting[u] -= 1
+            if waiting[u] == 0:  # the last one made ready ends up first: it runs next on this thread
+                queues[w].appendleft(u)
+    if len(order) != len(ops):  # a merged pair closed a cycle: the sequential order
+        order = execution_order(graph, kept)
+        return order, list(range(len(order)))
+    return order, _ends(len(order), started, ends)
+
+
+def _ends(count: int, started: dict[int, tuple[int, int]], ends: list[tuple[int, int]]) -> list[int]:
+    """For each op of a timeline, the index of the last op started before its group ended."""
+    end_at = [0] * count
+    for g, started_before in ends:
         first, last = started[g]
         for i in range(first, last + 1):
-            end_at[i] = count - 1
-    return order, end_at
+            end_at[i] = started_before - 1
+    return end_at
 
 
 class _NetBytes:

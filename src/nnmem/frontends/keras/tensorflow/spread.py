@@ -23,14 +23,18 @@ import tensorflow as tf
 from nnmem.allocators.bfc import bfc_round, steady_state_chunks
 from nnmem.errors import TraceError
 from nnmem.frontends.keras.tensorflow.replay import Replay, functions_of
-from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_timeline, executor_waves
+from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_pool_timeline, executor_timeline, executor_waves
 from nnmem.frontends.keras.tensorflow.scratch import tensor_bytes
 from nnmem.trace import Phase
 
-__all__ = ["TIMELINES", "grappler_graph", "inter_op_threads", "peak_in_use", "peak_range"]
+__all__ = ["POOL_TIMELINES", "TIMELINES", "grappler_graph", "inter_op_threads", "peak_in_use", "peak_range"]
 
 TIMELINES = 16
 """Seeded timelines of unequal op durations (:func:`~.schedule.executor_timeline`) each graph is replayed in."""
+
+POOL_TIMELINES = 8
+"""Seeded timelines of the executor's thread pool, each worker running a chain depth-first
+(:func:`~.schedule.executor_pool_timeline`)."""
 
 
 def inter_op_threads() -> int:
@@ -108,6 +112,7 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
     orders = [executor_waves(graph, kept, n, pick) for n in sorted({1, threads}) for pick in PICKS]
     if threads > 1:
         orders += [executor_timeline(graph, kept, threads, seed) for seed in range(TIMELINES)]
+        orders += [executor_pool_timeline(graph, kept, threads, seed) for seed in range(POOL_TIMELINES)]
     out = []
     for ops, end_at in orders:
         replay = Replay(functions_of(graph))
