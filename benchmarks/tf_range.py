@@ -82,15 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in models if m not in FACTORIES and m not in APPS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; expected Keras zoo names or {', '.join(APPS)}")
-    print(f"{'model':24s} {'mode':5s} {'est low':>11s} {'est high':>11s} {'meas min':>11s} {'median':>11s} "
-          f"{'max':>11s} {'in':>3s} {'width':>6s}", flush=True)
+    print(f"{'model':24s} {'mode':5s} {'estimate':>11s} {'est low':>11s} {'est high':>11s} {'meas min':>11s} "
+          f"{'median':>11s} {'max':>11s} {'in':>3s} {'width':>6s}", flush=True)
     rows = []
     for name in models:
         for mode in [m for m in args.modes.split(",") if m]:
             r = row(name, mode, args.batch, args.runs, args.cache)
             rows.append(r)
-            print(f"{name:24s} {mode:5s} {r['low']:>11,} {r['high']:>11,} {r['min']:>11,} {r['median']:>11,} "
-                  f"{r['max']:>11,} {'yes' if r['inside'] else 'no':>3s} {r['width']:>6.1%}"
+            print(f"{name:24s} {mode:5s} {r['peak']:>11,} {r['low']:>11,} {r['high']:>11,} {r['min']:>11,} "
+                  f"{r['median']:>11,} {r['max']:>11,} {'yes' if r['inside'] else 'no':>3s} {r['width']:>6.1%}"
                   + ("  (kernels not modelled on this CPU: left out)" if r["unmodelled"] else ""), flush=True)
     kept = [r for r in rows if not r["unmodelled"]]
     inside = sum(r["inside"] for r in kept)
