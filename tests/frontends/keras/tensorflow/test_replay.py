@@ -98,7 +98,7 @@ def test_assigned_values_the_variable_adopts(zoo_step: Callable[..., Any]) -> No
                      keep=[t.name for t in graph.outputs])
     variables = resident_variables(step.model, "train")
     handles = trace.variable_handles(step, graph)
-    moved = sorted(str(variables[r][0].name) for _, _, r in trace.adoptions(graph_replay, handles))
+    moved = sorted(str(variables[r][0].name) for _, _, r in graph_replay.adoptions(handles))
     assert moved == ["count", "iteration", "moving_mean", "moving_variance", "total"]
     assert all(graph_replay.sizes[b] == 256 for _, b, _ in graph_replay.adopted)
 

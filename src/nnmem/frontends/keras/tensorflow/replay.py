@@ -132,6 +132,11 @@ class Replay:
             if all(r.holders <= 0 for r in reads):
                 self.free_at[block] = max(r.until for r in reads)
 
+    def adoptions(self, handles: dict[str, int]) -> list[tuple[int, int, int]]:
+        """(op index, block, resident index) of each buffer a variable adopts (:attr:`adopted`), the variables
+        numbered by ``handles`` (handle tensor name -> resident index); variables not in it are left out."""
+        return [(i, b, handles[name]) for i, b, name in self.adopted if name in handles]
+
     def _copy_on_write(self, op: Any, index: int, layer: str, copies: list[tuple[int, list[_Buf]]]) -> None:
         """An in-place update of a variable some read still holds: the variable is copied to a new block."""
         handle = op.inputs[0].name

@@ -108,7 +108,7 @@ def grappler_graph(graph: Any, fetch: list[str]) -> Any | None:
 def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], threads: int,
            resident: list[tuple[int, int]], handles: dict[str, int]) -> list[tuple[int, int]]:
     """(requested, BFC) peaks of the executor's orders: in waves 1 and ``threads`` ops at a time, each of
-    ``PICKS``, and ``TIMELINES`` seeded timelines of ``threads`` workers."""
+    ``PICKS``, ``TIMELINES`` seeded timelines of ``threads`` workers and ``POOL_TIMELINES`` of the thread pool."""
     orders = [executor_waves(graph, kept, n, pick) for n in sorted({1, threads}) for pick in PICKS]
     if threads > 1:
         orders += [executor_timeline(graph, kept, threads, seed) for seed in range(TIMELINES)]
@@ -119,8 +119,8 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
         replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep, end_at=end_at)
         workspace = [w for *_, w in replay.ops]
         high = [w + o for w, o in zip(workspace, replay.overlap)]  # a loop's iterations overlapping: high end only
-        adopted = [(i, b, handles[name]) for i, b, name in replay.adopted if name in handles]
-        held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, high, adopted)
+        held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, high,
+                                           replay.adoptions(handles))
         out.append((peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
                                 workspace, end_at),
                     peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, high, end_at)))

@@ -213,11 +213,6 @@ def variable_handles(step: KerasStep, graph: Any) -> dict[str, int]:
             if id(external) in index}
 
 
-def adoptions(replay: Replay, handles: dict[str, int]) -> list[tuple[int, int, int]]:
-    """(op index, step block, resident index) of each buffer a variable adopts (:attr:`Replay.adopted`)."""
-    return [(i, b, handles[name]) for i, b, name in replay.adopted if name in handles]
-
-
 def _held(blocks: list[Block], held: list[int]) -> list[Block]:
     """The resident blocks with what their BFC chunks hold beyond the bytes requested (the 256 B rounding, and
     the whole of a free chunk under twice the request, as an initializer's temporaries leave them) split off
@@ -294,7 +289,7 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
     workspace = [w for *_, w in replay.ops]
     handles = variable_handles(step, graph)
     held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace,
-                                       adoptions(replay, handles))
+                                       replay.adoptions(handles))
     sequential = (peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at, workspace),
                   peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, workspace))
     low, high, threads = peak_range(graph, kept, resident, sequential, handles) if with_range else (None, None, None)
