@@ -330,14 +330,24 @@ class _NetBytes:
             self.uses[g] = uses
             for buf, n in uses.items():
                 self.left[buf] = self.left.get(buf, 0) + n
+        self.users: dict[str, list[int]] = {}  # buffer -> the groups that consume it
+        for g, uses in self.uses.items():
+            for buf in uses:
+                self.users.setdefault(buf, []).append(g)
+        self.known: dict[int, int] = {}  # of(g), until a group sharing one of g's inputs starts
 
     def of(self, g: int) -> int:
-        freed = sum(self.owned[b] for b, n in self.uses[g].items() if self.left[b] == n)
-        return self.size[g] - freed
+        known = self.known.get(g)
+        if known is None:
+            freed = sum(self.owned[b] for b, n in self.uses[g].items() if self.left[b] == n)
+            known = self.known[g] = self.size[g] - freed
+        return known
 
     def started(self, g: int) -> None:
         for buf, n in self.uses[g].items():
             self.left[buf] -= n
+            for user in self.users[buf]:
+                self.known.pop(user, None)
 
 
 def pin(graph: Any) -> None:
