@@ -117,6 +117,16 @@ def _group_edges(ops: list[Any], group_of: list[int]) -> tuple[dict[int, list[in
     return members, users, waiting
 
 
+def _schedulable(graph: Any, kept: set[str]) -> tuple[list[Any], dict[int, list[int]], dict[int, list[int]],
+                                                      dict[int, int], dict[int, int]]:
+    """The ops in ``kept``, and per group (:func:`_group_edges`): its ops' indices, the groups that wait on it,
+    how many groups it waits on, and its outputs' bytes."""
+    ops = [op for op in graph.get_operations() if op.name in kept]
+    members, users, waiting = _group_edges(ops, _fusion_groups(ops))
+    size = {g: sum(tensor_bytes(t) for i in m for t in ops[i].outputs) for g, m in members.items()}
+    return ops, members, users, waiting, size
+
+
 def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
     """Kahn's topological sort of the groups, lowest group index first; None when the groups form a cycle."""
     members, users, waiting = _group_edges(ops, group_of)
@@ -154,13 +164,10 @@ def executor_waves(graph: Any, kept: set[str], threads: int, pick: str = "fifo")
     Returns:
         (the ops in order, for each op the index of the last op of its wave: where its inputs are freed).
     """
-    ops = [op for op in graph.get_operations() if op.name in kept]
-    group_of = _fusion_groups(ops)
-    members, users, waiting = _group_edges(ops, group_of)
+    ops, members, users, waiting, size = _schedulable(graph, kept)
     ready = deque(g for g in members if waiting[g] == 0)
     order: list[Any] = []
     wave_end: list[int] = []
-    size = {g: sum(tensor_bytes(t) for i in m for t in ops[i].outputs) for g, m in members.items()}
     net = _NetBytes(ops, members, size) if pick in ("leanest", "fattest") else None
     while ready:
         if pick == "largest":
@@ -200,11 +207,8 @@ def executor_timeline(graph: Any, kept: set[str], threads: int, seed: int) -> tu
         (the ops in the order they start, for each op the index of the last op started before it ends: where
         its inputs are freed).
     """
-    ops = [op for op in graph.get_operations() if op.name in kept]
-    group_of = _fusion_groups(ops)
-    members, users, waiting = _group_edges(ops, group_of)
+    ops, members, users, waiting, size = _schedulable(graph, kept)
     rng = random.Random(seed)
-    size = {g: sum(tensor_bytes(t) for i in m for t in ops[i].outputs) for g, m in members.items()}
     ready = [g for g in members if waiting[g] == 0]
     running: list[tuple[float, int, int]] = []  # (end time, start order, group)
     order: list[Any] = []
@@ -243,11 +247,8 @@ def executor_pool_timeline(graph: Any, kept: set[str], threads: int, seed: int) 
     backward op that still reads the weight (the variable is then copied, :class:`.replay.Replay`). Durations as
     in :func:`executor_timeline`, from ``random.Random(seed)``, which also picks the queue a steal comes from.
     """
-    ops = [op for op in graph.get_operations() if op.name in kept]
-    group_of = _fusion_groups(ops)
-    members, users, waiting = _group_edges(ops, group_of)
+    ops, members, users, waiting, size = _schedulable(graph, kept)
     rng = random.Random(seed)
-    size = {g: sum(tensor_bytes(t) for i in m for t in ops[i].outputs) for g, m in members.items()}
     workers = max(threads, 1)
     queues: list[deque[int]] = [deque() for _ in range(workers)]
     for g in members:
@@ -261,13 +262,13 @@ def executor_pool_timeline(graph: Any, kept: set[str], threads: int, seed: int) 
     now = 0.0
     while True:
         for w in list(idle):
-            others = [q for k, q in enumerate(queues) if k != w and q]
             if queues[w]:
                 g = queues[w].popleft()
-            elif others:
-                g = rng.choice(others).pop()
             else:
-                continue
+                others = [q for q in queues if q]  # its own queue is empty
+                if not others:
+                    continue
+                g = rng.choice(others).pop()
             idle.remove(w)
             first = len(order)
             order.extend(ops[i] for i in members[g])
