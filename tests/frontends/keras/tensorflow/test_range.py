@@ -100,3 +100,36 @@ def test_timelines_are_orders_the_executor_can_run() -> None:
             assert all(position[t.op.name] < i or t.op.name == op.name for t in op.inputs if t.op.name in position)
         overlapping += sum(end_at[i] > i for i in range(len(ops)))
     assert overlapping > 0  # two workers: some ops run while later ones start
+
+
+def test_wave_picks_match_sorting_the_ready_ops_every_wave() -> None:
+    """The picks kept in a heap ("largest", "leanest", "fattest") start the same groups, wave by wave, as sorting
+    every ready group at every wave does (the heap only saves the sort: 27.8 M key calls on mobilenet_v2)."""
+    from nnmem.frontends.keras.common import KerasStep
+    from nnmem.frontends.keras.tensorflow import trace
+    from nnmem.frontends.keras.tensorflow.schedule import _NetBytes, _schedulable, executor_waves, reachable
+    from nnmem.zoo.keras_models import FACTORIES
+
+    model, x, y, loss = FACTORIES["keras_two_branch_cnn"](BATCH)
+    model.compile(optimizer="adam", loss=loss)
+    graph = trace._concrete(KerasStep(model, x, y, "train", BATCH))[0].graph
+    kept = reachable(graph)
+    for pick in ("largest", "leanest", "fattest"):
+        ops, members, users, waiting, size = _schedulable(graph, kept)
+        net = _NetBytes(ops, members, size)
+        sign = -1 if pick == "fattest" else 1
+        ready = [g for g in members if waiting[g] == 0]
+        expected: list[str] = []
+        while ready:
+            keys = {g: (-size[g], 0) if pick == "largest" else (sign * net.of(g), g) for g in ready}
+            ready.sort(key=keys.__getitem__)  # stable: equal sizes keep the order they became ready in
+            wave, ready = ready[:2], ready[2:]
+            for g in wave:
+                expected.extend(ops[i].name for i in members[g])
+                net.started(g)
+            for g in wave:
+                for u in users[g]:
+                    waiting[u] -= 1
+                    if waiting[u] == 0:
+                        ready.append(u)
+        assert [op.name for op in executor_waves(graph, kept, 2, pick)[0]] == expected, pick

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -117,14 +118,23 @@ def _group_edges(ops: list[Any], group_of: list[int]) -> tuple[dict[int, list[in
     return members, users, waiting
 
 
+_SCHEDULABLE: weakref.WeakKeyDictionary[Any, dict[frozenset[str], tuple[Any, ...]]] = weakref.WeakKeyDictionary()
+"""What :func:`_schedulable` found per graph and op set: the range asks for it once per order (some 35)."""
+
+
 def _schedulable(graph: Any, kept: set[str]) -> tuple[list[Any], dict[int, list[int]], dict[int, list[int]],
                                                       dict[int, int], dict[int, int]]:
     """The ops in ``kept``, and per group (:func:`_group_edges`): its ops' indices, the groups that wait on it,
-    how many groups it waits on, and its outputs' bytes."""
-    ops = [op for op in graph.get_operations() if op.name in kept]
-    members, users, waiting = _group_edges(ops, _fusion_groups(ops))
-    size = {g: sum(tensor_bytes(t) for i in m for t in ops[i].outputs) for g, m in members.items()}
-    return ops, members, users, waiting, size
+    how many groups it waits on (a fresh copy: the caller counts it down), and its outputs' bytes."""
+    known = _SCHEDULABLE.setdefault(graph, {})
+    key = frozenset(kept)
+    if key not in known:
+        ops = [op for op in graph.get_operations() if op.name in kept]
+        members, users, waiting = _group_edges(ops, _fusion_groups(ops))
+        size = {g: sum(tensor_bytes(t) for i in m for t in ops[i].outputs) for g, m in members.items()}
+        known[key] = (ops, members, users, waiting, size)
+    ops, members, users, waiting, size = known[key]
+    return ops, members, users, dict(waiting), size
 
 
 def _kahn(ops: list[Any], group_of: list[int]) -> list[Any] | None:
@@ -165,29 +175,22 @@ def executor_waves(graph: Any, kept: set[str], threads: int, pick: str = "fifo")
         (the ops in order, for each op the index of the last op of its wave: where its inputs are freed).
     """
     ops, members, users, waiting, size = _schedulable(graph, kept)
-    ready = deque(g for g in members if waiting[g] == 0)
+    ready = _Ready(pick, [g for g in members if waiting[g] == 0], size,
+                   _NetBytes(ops, members, size) if pick in ("leanest", "fattest") else None)
     order: list[Any] = []
     wave_end: list[int] = []
-    net = _NetBytes(ops, members, size) if pick in ("leanest", "fattest") else None
     while ready:
-        if pick == "largest":
-            ready = deque(sorted(ready, key=lambda g: -size[g]))
-        elif net is not None:
-            sign = 1 if pick == "leanest" else -1
-            ready = deque(sorted(ready, key=lambda g: (sign * net.of(g), g)))
-        take = ready.pop if pick == "lifo" else ready.popleft
-        wave = [take() for _ in range(min(max(threads, 1), len(ready)))]
+        wave = [ready.take() for _ in range(min(max(threads, 1), len(ready)))]
         start = len(order)
         for g in wave:
             order.extend(ops[i] for i in members[g])
-            if net is not None:
-                net.started(g)
+            ready.started(g)
         wave_end.extend([len(order) - 1] * (len(order) - start))
         for g in wave:
             for u in users[g]:
                 waiting[u] -= 1
                 if waiting[u] == 0:
-                    ready.append(u)
+                    ready.add(u)
     if len(order) != len(ops):  # a merged pair closed a cycle: no waves, the sequential order
         order = execution_order(graph, kept)
         wave_end = list(range(len(order)))
@@ -299,6 +302,58 @@ def _ends(count: int, started: dict[int, tuple[int, int]], ends: list[tuple[int,
     return end_at
 
 
+class _Ready:
+    """The ready groups of :func:`executor_waves`, taken in ``pick``'s order.
+
+    "fifo" and "lifo" take the oldest or newest; "largest" the largest outputs first (ties: the oldest), "leanest"
+    and "fattest" the fewest or most net bytes (:class:`_NetBytes`; ties: the lowest group). The last three keep a
+    heap whose stale entries (a group's net bytes change when a group sharing one of its inputs starts) are
+    skipped: the same order as sorting the ready groups at every wave, without the sort.
+    """
+
+    def __init__(self, pick: str, groups: list[int], size: dict[int, int], net: _NetBytes | None) -> None:
+        self.pick, self.size, self.net = pick, size, net
+        self.queue: deque[int] = deque()
+        self.heap: list[tuple[int, int, int]] = []
+        self.key: dict[int, tuple[int, int, int]] = {}  # ready group -> its current heap entry
+        self.count = 0
+        for g in groups:
+            self.add(g)
+
+    def __len__(self) -> int:
+        return len(self.queue) if self.pick in ("fifo", "lifo") else len(self.key)
+
+    def add(self, g: int) -> None:
+        if self.pick in ("fifo", "lifo"):
+            self.queue.append(g)
+            return
+        if self.net is None:
+            entry = (-self.size[g], self.count, g)
+            self.count += 1
+        else:
+            entry = ((1 if self.pick == "leanest" else -1) * self.net.of(g), g, g)
+        self.key[g] = entry
+        heapq.heappush(self.heap, entry)
+
+    def take(self) -> int:
+        if self.pick == "fifo":
+            return self.queue.popleft()
+        if self.pick == "lifo":
+            return self.queue.pop()
+        while True:
+            entry = heapq.heappop(self.heap)
+            if self.key.get(entry[2]) == entry:
+                del self.key[entry[2]]
+                return entry[2]
+
+    def started(self, g: int) -> None:
+        if self.net is None:
+            return
+        for u in self.net.started(g):
+            if u in self.key:  # a ready group whose net bytes changed: a fresh entry supersedes the stale one
+                self.add(u)
+
+
 class _NetBytes:
     """Bytes a group of ops would add if started now: its outputs less the inputs it is the last consumer of.
 
@@ -344,11 +399,15 @@ class _NetBytes:
             known = self.known[g] = self.size[g] - freed
         return known
 
-    def started(self, g: int) -> None:
+    def started(self, g: int) -> set[int]:
+        """Count ``g``'s inputs as consumed; the groups whose net bytes this may change."""
+        changed: set[int] = set()
         for buf, n in self.uses[g].items():
             self.left[buf] -= n
             for user in self.users[buf]:
                 self.known.pop(user, None)
+                changed.add(user)
+        return changed
 
 
 def pin(graph: Any) -> None:

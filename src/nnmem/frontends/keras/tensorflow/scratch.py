@@ -10,6 +10,7 @@ An op type without a rule gets a new buffer of its static shape and no scratch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -56,10 +57,13 @@ def tensor_bytes(t: Any) -> int:
     """Bytes of a graph tensor's static shape; 0 for handles, variants, strings and unknown shapes."""
     if t.dtype in _NO_DATA:
         return 0
-    shape = t.shape
-    if shape.rank is None or not shape.is_fully_defined():
+    try:
+        dims = t.shape.as_list()
+    except ValueError:  # unknown rank
         return 0
-    return int(np.prod(shape.as_list(), dtype=np.int64)) * t.dtype.size
+    if None in dims:
+        return 0
+    return math.prod(dims) * t.dtype.size
 
 
 def einsum_scratch(op: Any) -> int:
