@@ -25,7 +25,7 @@ def test_bfc_replay_hands_out_unsplit_chunks() -> None:
 def test_random_initializers_leave_holes_that_later_variables_fill() -> None:
     """keras_lstm's build as the BFC log shows it: the LSTM kernel lands whole in the embedding's 249,600 B hole."""
     resident = [(256_000, 2), (131_072, 2), (262_144, 0), (2_048, 0), (5_120, 2), (256, 0)]
-    held, _ = steady_state_chunks(resident, [], [], [], [])
+    held, _, _ = steady_state_chunks(resident, [], [], [], [])
     # under 2x the request, handed out unsplit (249,600 B in the real build, whose 256 B seed tensors sit there too)
     assert held[0] == 256_000 and held[1] == 249_856
     assert sum(held) == 775_424  # the real build leaves 777,216 B in use (small tensors besides)
@@ -38,7 +38,7 @@ def test_a_variable_that_adopts_a_step_buffer_leaves_a_hole_handed_out_whole() -
     1,536 B."""
     resident = [(256, 0)]
     sizes, alloc_at, free_at = [1024, 256], [0, 0], [1, 1]
-    _, chunks = steady_state_chunks(resident, sizes, alloc_at, free_at, [0, 0])
+    _, chunks, _ = steady_state_chunks(resident, sizes, alloc_at, free_at, [0, 0])
     assert chunks == [1024, 256]  # written in place: every step finds the same free space
-    _, chunks = steady_state_chunks(resident, sizes, alloc_at, free_at, [0, 0], adopted=[(1, 1, 0)])
+    _, chunks, _ = steady_state_chunks(resident, sizes, alloc_at, free_at, [0, 0], adopted=[(1, 1, 0)])
     assert chunks[0] == 1536

@@ -43,7 +43,7 @@ def test_tensor_list_from_tensor_copies_each_row() -> None:
 
 def test_every_rule_cites_its_source() -> None:
     assert all(rule.source for rule in scratch.RULES.values())
-    assert scratch.rule_of("MatMul").memory is scratch.Memory.NEW  # no rule: a new buffer, no scratch
+    assert scratch.rule_of("Conv2D").memory is scratch.Memory.NEW  # no rule: a new buffer, no scratch
 
 
 def test_onednn_takes_float16_only_where_tensorflow_says_so() -> None:
@@ -62,9 +62,76 @@ def _graph_ops(step: Any) -> list[Any]:
     return list(trace._concrete(step)[0].graph.get_operations())
 
 
-def test_a_float16_step_names_its_eigen_kernels_on_a_cpu_without_avx512_fp16(zoo_step: Callable[..., Any]) -> None:
-    graph_ops = _graph_ops(zoo_step("keras_mixed_float16", "train", 4))
+def test_a_float16_step_names_its_unmodelled_eigen_kernels_on_a_cpu_without_avx512_fp16(
+        zoo_step: Callable[..., Any]) -> None:
+    @tf.function
+    def depthwise(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+        return tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME")
+
+    graph_ops = depthwise.get_concrete_function(tf.TensorSpec((4, 8, 8, 16), tf.half),
+                                                tf.TensorSpec((3, 3, 16, 1), tf.half)).graph.get_operations()
     note = scratch.eigen_fallback_note(graph_ops, ("avx2", "avx512f", "avx512bw"))
-    assert note is not None and "float16" in note and "Conv2DBackpropFilter" in note
+    assert note is not None and "float16" in note and "DepthwiseConv2dNative" in note
     assert scratch.eigen_fallback_note(graph_ops, ("avx512bw", "avx512_fp16")) is None
+    assert "TF_ENABLE_ONEDNN_OPTS=0" in str(scratch.eigen_fallback_note(graph_ops, ("avx512bw", "avx512_fp16"),
+                                                                         onednn=False))
+    # keras_mixed_float16 runs only Eigen kernels the rules model (conv, its gradients, matmul)
+    fp16_cnn = _graph_ops(zoo_step("keras_mixed_float16", "train", 4))
+    assert scratch.eigen_fallback_note(fp16_cnn, ("avx2", "avx512f", "avx512bw")) is None
     assert scratch.eigen_fallback_note(_graph_ops(zoo_step("keras_mlp", "train", 4)), ("avx2",)) is None
+
+
+def _eigen_rises() -> list[tuple[str, int, int, int]]:
+    """In a fresh TensorFlow with oneDNN off (Eigen kernels on any CPU) and the BFC allocator: for half-precision
+    filter and input gradients and a matmul, (case, the BFC peak's rise over one call, the output's bytes, the
+    rule's scratch bytes)."""
+    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf_child
+
+    from nnmem.frontends.keras.tensorflow import scratch as rules
+
+    def rise(fn: Any, *args: Any) -> tuple[int, int, int]:
+        fn(*args)
+        graph_op = next(o for o in fn.get_concrete_function(*args).graph.get_operations()
+                        if o.type in ("Conv2DBackpropFilter", "Conv2DBackpropInput", "MatMul"))
+        tf_child.config.experimental.reset_memory_stats("CPU:0")
+        before = tf_child.config.experimental.get_memory_info("CPU:0")["current"]
+        out = fn(*args)
+        peak = tf_child.config.experimental.get_memory_info("CPU:0")["peak"]
+        return peak - before, int(out.shape.num_elements()) * 2, rules.scratch_bytes(graph_op)
+
+    def zeros(*shape: int) -> Any:
+        return tf_child.zeros(shape, tf_child.half)
+
+    def filter_grad(sizes: list[int]) -> Any:
+        return tf_child.function(lambda x, dy: tf_child.raw_ops.Conv2DBackpropFilter(
+            input=x, filter_sizes=sizes, out_backprop=dy, strides=[1, 1, 1, 1], padding="SAME"))
+
+    def input_grad(sizes: list[int]) -> Any:
+        return tf_child.function(lambda w, dy: tf_child.raw_ops.Conv2DBackpropInput(
+            input_sizes=sizes, filter=w, out_backprop=dy, strides=[1, 1, 1, 1], padding="SAME"))
+
+    return [
+        ("filter 3x3x32x64, 8x16x16", *rise(filter_grad([3, 3, 32, 64]), zeros(8, 16, 16, 32), zeros(8, 16, 16, 64))),
+        ("filter 3x3x3x32, 8x32x32", *rise(filter_grad([3, 3, 3, 32]), zeros(8, 32, 32, 3), zeros(8, 32, 32, 32))),
+        ("input 3x3x32x64, 8x16x16", *rise(input_grad([8, 16, 16, 32]), zeros(3, 3, 32, 64), zeros(8, 16, 16, 64))),
+        ("input 3x3x32x64, 1x16x16", *rise(input_grad([1, 16, 16, 32]), zeros(3, 3, 32, 64), zeros(1, 16, 16, 64))),
+        ("matmul 8x64 @ 64x10", *rise(tf_child.function(tf_child.matmul), zeros(8, 64), zeros(64, 10))),
+    ]
+
+
+def test_eigen_conv_backprop_and_half_matmul_scratch_match_tensorflow() -> None:
+    """The custom backprop kernels' im2col buffers (a 30 MiB working set whatever the batch; one image at a time
+    for an input gradient at batch 1) and the half matmul's float casts, against TensorFlow's BFC peak: the rise
+    over a call is the output and the scratch, each in a chunk of at least its bytes and under twice them."""
+    from nnmem.runner.child import run_in_child
+
+    rises = run_in_child(_eigen_rises, timeout_s=240)
+    for case, rise, out, scratch_bytes in rises:
+        assert scratch_bytes > 0, case
+        assert out + scratch_bytes <= rise < 2 * (bfc_round(out) + scratch_bytes), (case, rise, out, scratch_bytes)
+    by_case = {case: scratch_bytes for case, _, _, scratch_bytes in rises}
+    assert by_case["filter 3x3x3x32, 8x32x32"] > 8 * 32 * 32 * 27 * 2  # sized to the working set, not the batch
+    assert by_case["input 3x3x32x64, 1x16x16"] == 16 * 16 * 288 * 2  # one image's patches

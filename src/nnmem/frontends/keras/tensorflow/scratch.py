@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from nnmem.allocators.bfc import bfc_round
 
-__all__ = ["RULES", "VIEWS", "KernelRule", "Memory", "rule_of", "scratch_bytes", "tensor_bytes"]
+__all__ = ["RULES", "VIEWS", "KernelRule", "Memory", "eigen_fallback_note", "eigen_path", "onednn_enabled",
+           "onednn_takes", "rule_of", "scratch_bytes", "tensor_bytes"]
 
 
 class Memory(str, Enum):
@@ -109,6 +110,104 @@ def matmul_cast_scratch(op: Any) -> int:
                if t.dtype != out.dtype and t.dtype.size)
 
 
+_L3_WORKING_SET = 30 << 20
+"""Bytes the custom convolution-backprop kernels size their im2col buffer to (``conv_grad_filter_ops.cc``,
+``conv_grad_input_ops.h``: "30MB is from ivybridge"), whatever the CPU's cache."""
+
+_L2_PER_THREAD = 256 << 10
+"""``conv_grad_input_ops.h``: below this much work per thread the input gradient runs single-threaded matmuls
+over shards of images rather than one parallel contraction per image."""
+
+
+def intra_op_threads() -> int:
+    """Threads of TensorFlow's intra-op pool (``tensorflow_cpu_worker_threads``): as set, else one per CPU this
+    process may run on (``port::MaxParallelism``)."""
+    import os
+
+    set_threads = tf.config.threading.get_intra_op_parallelism_threads()
+    if set_threads > 0:
+        return int(set_threads)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def onednn_enabled() -> bool:
+    """Whether TensorFlow's oneDNN graph rewrite is on in this process (``TF_ENABLE_ONEDNN_OPTS``, on by default
+    on x86 Linux)."""
+    import os
+
+    return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() not in ("0", "false")
+
+
+def eigen_path(dtype: Any) -> bool:
+    """Whether this process's TensorFlow runs the oneDNN-rewritable kernels of ``dtype`` as its own Eigen
+    kernels: oneDNN is off (``TF_ENABLE_ONEDNN_OPTS=0``) or does not take the dtype on this CPU."""
+    from nnmem import cpu
+
+    return not onednn_enabled() or not onednn_takes(dtype, cpu.describe().flags)
+
+
+def conv_backprop_col_bytes(op: Any, threads: int | None = None) -> int:
+    """The im2col buffer of TensorFlow's custom ``Conv2DBackpropFilter`` / ``Conv2DBackpropInput`` CPU kernels.
+
+    ``Conv2DCustomBackpropFilterOp`` (``conv_grad_filter_ops.cc``) and ``Conv2DCustomBackpropInputOp``
+    (``conv_grad_input_ops.h``) allocate ``shard x output_image_size x filter_total_size`` elements as one temp,
+    ``shard = ceil(30 MiB / sizeof(T) / work_unit)`` with ``work_unit`` the three matmul operands of one image
+    (not capped by the batch: 257 x 1024 x 27 half elements for a 3x3x3->32 filter gradient at batch 8). The
+    input gradient takes one image at a time (``shard = 1``) at batch 1 or when a thread's share of the work
+    unit reaches 256 KiB. 0 for other layouts and dilations (those kernels refuse them) or unknown shapes.
+    """
+    if op.get_attr("data_format") not in (b"NHWC", "NHWC"):
+        return 0
+    if any(int(d) != 1 for d in op.get_attr("dilations")):
+        return 0
+    grad = op.inputs[2].shape
+    filt = (op.outputs[0] if op.type == "Conv2DBackpropFilter" else op.inputs[1]).shape
+    if not (grad.is_fully_defined() and filt.is_fully_defined()) or grad.rank != 4 or filt.rank != 4:
+        return 0
+    size = op.outputs[0].dtype.size
+    batch, out_h, out_w, out_depth = grad.as_list()
+    image = out_h * out_w
+    filter_total = filt[0] * filt[1] * filt[2]
+    work = image * filter_total + image * out_depth + filter_total * out_depth
+    if work == 0:
+        return 0
+    shard = -(-(_L3_WORKING_SET // size) // work)
+    if op.type == "Conv2DBackpropInput":
+        threads = threads or intra_op_threads()
+        if batch == 1 or work // threads >= _L2_PER_THREAD // size:
+            shard = 1
+    return shard * image * filter_total * size
+
+
+def half_matmul_cast_bytes(op: Any) -> int:
+    """``MatMul`` in half precision (float16, bfloat16) on TensorFlow's own CPU kernel: both operands and the
+    product are cast to float32 temporaries (three ``1 x rows x cols`` float tensors beside the half output, seen
+    in TensorFlow's allocation log), each its own allocator chunk."""
+    a, b = op.inputs[0], op.inputs[1]
+    out = op.outputs[0]
+    if out.dtype not in (tf.half, tf.bfloat16):
+        return 0
+    return sum(bfc_round(tensor_bytes(t) // t.dtype.size * 4) for t in (a, b, out) if t.dtype.size)
+
+
+def max_pool_grad_bytes(op: Any) -> int:
+    """TensorFlow's own ``MaxPoolGrad`` CPU kernel (``maxpooling_op.cc`` ``MaxPoolingGradOp``): a copy of the
+    forward output (``forward_input_or_allocate_temp``: modelled as allocated, its input is usually still held)
+    and the argmax of every output element as int64, redone from the input."""
+    pooled = op.inputs[1]
+    return bfc_round(tensor_bytes(pooled)) + bfc_round(tensor_bytes(pooled) // max(pooled.dtype.size, 1) * 8)
+
+
+def _on_eigen(rule: Callable[[Any], int]) -> Callable[[Any], int]:
+    """``rule``'s scratch where the op runs TensorFlow's Eigen kernel (:func:`eigen_path`), else 0 (the oneDNN
+    kernel the graph rewrite puts in its place has none of these temporaries)."""
+
+    def scratch(op: Any) -> int:
+        return rule(op) if op.outputs and eigen_path(op.outputs[0].dtype) else 0
+
+    return scratch
+
+
 def list_copy_bytes(t: Any) -> int:
     """Bytes ``TensorListFromTensor`` allocates for ``t``: each row copied into its own chunk.
 
@@ -182,6 +281,14 @@ RULES: dict[str, KernelRule] = {
                          scratch=einsum_scratch),
     "BatchMatMulV3": KernelRule(Memory.NEW, "batch_matmul_op_impl.h: operands cast to the output's type",
                                 scratch=matmul_cast_scratch),
+    "Conv2DBackpropFilter": KernelRule(Memory.NEW, "conv_grad_filter_ops.cc: Conv2DCustomBackpropFilterOp im2col "
+                                       "buffer (Eigen path only)", scratch=_on_eigen(conv_backprop_col_bytes)),
+    "Conv2DBackpropInput": KernelRule(Memory.NEW, "conv_grad_input_ops.h: Conv2DCustomBackpropInputOp im2col "
+                                      "buffer (Eigen path only)", scratch=_on_eigen(conv_backprop_col_bytes)),
+    "MatMul": KernelRule(Memory.NEW, "matmul_op_impl.h: half operands and product cast to float (Eigen path "
+                         "only)", scratch=_on_eigen(half_matmul_cast_bytes)),
+    "MaxPoolGrad": KernelRule(Memory.NEW, "maxpooling_op.cc: MaxPoolingGradOp output copy and int64 argmax (Eigen "
+                              "path only)", scratch=_on_eigen(max_pool_grad_bytes)),
     "TensorListFromTensor": KernelRule(Memory.NEW, "list_kernels.h: allocate_temp per row",
                                        output_bytes=lambda op, k: list_copy_bytes(op.inputs[0])),
 }
@@ -207,6 +314,11 @@ def scratch_bytes(op: Any) -> int:
 # kernels for a dtype oneDNN does not run on this CPU. Their scratch differs and is not modelled: the
 # custom backprop kernels allocate an im2col buffer sized to a 30 MiB working set
 # (conv_grad_filter_ops.cc Conv2DCustomBackpropFilterOp, conv_grad_input_ops.h).
+_MODELLED_ON_EIGEN = frozenset({"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "MatMul"})
+"""Of those, the Eigen kernels whose memory the rules model (their temporaries checked against TensorFlow's
+allocation log of ``keras_mixed_float16``: the forward convolution allocates only its output; Eigen's contraction
+buffers do not come from the step's allocator)."""
+
 _ONEDNN_KERNELS = frozenset({
     "Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "Conv3D", "Conv3DBackpropFilterV2",
     "Conv3DBackpropInputV2", "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropFilter",
@@ -226,21 +338,24 @@ def onednn_takes(dtype: Any, flags: Iterable[str]) -> bool:
     return True
 
 
-def eigen_fallback_note(ops: Iterable[Any], flags: Iterable[str]) -> str | None:
-    """A report line naming the oneDNN kernels of the step that fall back to Eigen on this CPU, or None."""
+def eigen_fallback_note(ops: Iterable[Any], flags: Iterable[str], onednn: bool = True) -> str | None:
+    """A report line naming the oneDNN kernels of the step that fall back to Eigen on this CPU (all of them with
+    ``onednn`` off) and whose Eigen kernel's memory is not modelled, or None."""
     flags = tuple(flags)
     fallen: dict[str, set[str]] = {}
     for op in ops:
-        if op.type in _ONEDNN_KERNELS and op.outputs and not onednn_takes(op.outputs[0].dtype, flags):
+        if op.type in _ONEDNN_KERNELS - _MODELLED_ON_EIGEN and op.outputs and \
+                (not onednn or not onednn_takes(op.outputs[0].dtype, flags)):
             fallen.setdefault(op.outputs[0].dtype.name, set()).add(op.type)
     cast = sorted({f"{op.inputs[0].dtype.name} -> {op.outputs[0].dtype.name}" for op in ops
                    if op.type == "BatchMatMulV3" and op.outputs and op.inputs[0].dtype != op.outputs[0].dtype})
     lines = []
     if fallen:
         kinds = "; ".join(f"{dtype} {', '.join(sorted(types))}" for dtype, types in sorted(fallen.items()))
-        lines.append(f"not modelled on this CPU: {kinds} run TensorFlow's Eigen kernels (oneDNN takes float16 only "
-                     "with AVX512-FP16, AMX-FP16 or AVX-NE-CONVERT, bfloat16 only with AVX-512 or AVX-NE-CONVERT); "
-                     "their kernel scratch is not modelled and the allocator level may be far higher")
+        why = ("oneDNN takes float16 only with AVX512-FP16, AMX-FP16 or AVX-NE-CONVERT, bfloat16 only with AVX-512 "
+               "or AVX-NE-CONVERT" if onednn else "TF_ENABLE_ONEDNN_OPTS=0 turns oneDNN off")
+        lines.append(f"not modelled on this CPU: {kinds} run TensorFlow's Eigen kernels ({why}); their kernel "
+                     "scratch is not modelled and the allocator level may be far higher")
     if cast:
         lines.append(f"not modelled: BatchMatMulV3 {', '.join(cast)} (Keras's int8 matmul) runs Eigen's integer "
                      "contraction: its operands' casts are counted, its packing buffers are not; the allocator "

@@ -119,11 +119,11 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
         replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep, end_at=end_at)
         workspace = [w for *_, w in replay.ops]
         high = [w + o for w, o in zip(workspace, replay.overlap)]  # a loop's iterations overlapping: high end only
-        held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, high,
-                                           replay.adoptions(handles))
+        held, chunks, scratch = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, high,
+                                                    replay.adoptions(handles))
         out.append((peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
                                 workspace, end_at),
-                    peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, high, end_at)))
+                    peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, scratch, end_at)))
     return out
 
 

@@ -33,7 +33,7 @@ from nnmem.frontends.keras.common import (
 )
 from nnmem.frontends.keras.tensorflow.replay import Replay, call_depth, functions_of, while_loops
 from nnmem.frontends.keras.tensorflow.schedule import execution_order, reachable
-from nnmem.frontends.keras.tensorflow.scratch import VIEWS, eigen_fallback_note, tensor_bytes
+from nnmem.frontends.keras.tensorflow.scratch import VIEWS, eigen_fallback_note, onednn_enabled, tensor_bytes
 from nnmem.frontends.keras.tensorflow.spread import peak_in_use, peak_range
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
@@ -288,10 +288,10 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
     resident = [(bfc_round(b.nbytes), t) for b, t in zip(blocks, temporaries)]
     workspace = [w for *_, w in replay.ops]
     handles = variable_handles(step, graph)
-    held, chunks = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace,
-                                       replay.adoptions(handles))
+    held, chunks, scratch = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace,
+                                                replay.adoptions(handles))
     sequential = (peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at, workspace),
-                  peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, workspace))
+                  peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, scratch))
     low, high, threads = peak_range(graph, kept, resident, sequential, handles) if with_range else (None, None, None)
     blocks = _held(blocks, held)
     base = len(blocks)
@@ -305,15 +305,15 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
         alloc[block.alloc_op] += block.nbytes
         if block.free_op >= 0:
             freed[block.free_op] += block.nbytes
-    trace_ops = tuple(Op(i, f"{op.type}:{op.name}", where[i][0], where[i][1], alloc[i], freed[i], replay.ops[i][3])
-                      for i, op in enumerate(ops))
+    trace_ops = tuple(Op(i, f"{op.type}:{op.name}", where[i][0], where[i][1], alloc[i], freed[i], scratch[i])
+                      for i, op in enumerate(ops))  # scratch as the BFC chunk it gets, like the blocks
     info = {**meta, "tensorflow": tf.__version__, "keras": keras.__version__, "batch": step.batch,
             "executor": "tf.function graph executor (jit_compile=False)",
             "call_depth": call_depth(graph, replay.functions),
             "while_loops": while_loops(graph, replay.functions),
             "allocator_model": "BFC: 256-byte chunks, sequential schedule",
             "peak_low": low, "peak_high": high, "inter_op_threads": threads}
-    fallback = eigen_fallback_note(ops, cpu.describe().flags)
+    fallback = eigen_fallback_note(ops, cpu.describe().flags, onednn_enabled())
     if fallback is not None:
         info["unmodelled"] = fallback
     if step.mode == "train":
