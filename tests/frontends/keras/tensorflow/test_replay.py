@@ -79,6 +79,25 @@ def test_a_loop_without_carried_arrays_does_not_overlap() -> None:
     assert replay.waiting_bytes(functions[loop.get_attr("body").name].graph) == 0
 
 
+def test_only_a_kernels_own_scratch_takes_one_allocator_chunk() -> None:
+    """An einsum's transposed operand is one request (the BFC hands it one chunk); a loop's rise is many buffers,
+    each rounded already: it keeps the bytes requested, whatever chunk a single request of that size would get."""
+    import tensorflow as tf
+
+    @tf.function
+    def f(k: Any, q: Any) -> Any:
+        scores = tf.einsum("aecd,abcd->acbe", k, q)
+        return tf.while_loop(lambda i, s: i < 3, lambda i, s: (i + 1, s * 2.0), (tf.constant(0), scores))[1]
+
+    spec = tf.TensorSpec((8, 64, 4, 16), tf.float32)
+    graph = f.get_concrete_function(spec, spec).graph
+    ops = [o for o in graph.get_operations() if o.type in ("Einsum", *replay.WHILES)]
+    graph_replay = replay.Replay(replay.functions_of(graph))
+    graph_replay.run(ops, {t.name for t in graph.inputs}, [(trace.Phase.FORWARD, "")] * len(ops))
+    assert graph_replay.single == [op.type == "Einsum" for op in ops] == [True, False]
+    assert graph_replay.scratch_chunks([4096, 4096], [3000, 3000]) == [4096, 3000]
+
+
 def test_assigned_values_the_variable_adopts(zoo_step: Callable[..., Any]) -> None:
     """AssignVariableOp adopts its value's buffer when it is the value's last user (``forward_input``): in
     keras_two_branch_cnn's Adam step, the BatchNorm's moving statistics, the loss metric's total and count and the

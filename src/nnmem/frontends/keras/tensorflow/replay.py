@@ -64,6 +64,8 @@ class Replay:
         layers: the layer of the op that allocates each block.
         ops: (name, phase, layer, workspace in bytes) of each op replayed.
         overlap: bytes each op may hold beyond its workspace when a loop's iterations overlap (module docstring).
+        single: for each op, whether its workspace is its kernel's own scratch, one allocation (the allocator hands
+            it one chunk), rather than the rise of a called graph (many buffers).
         adopted: (op index, block, variable handle's tensor name) of each ``AssignVariableOp`` that adopts its
             value's buffer: the variable holds the block from then on and its previous buffer is freed
             (``resource_variable_ops.cc``, ``AssignVariableOp::Compute``: "Copying is unnecessary if we are the
@@ -83,6 +85,7 @@ class Replay:
         self.layers: list[str] = []
         self.ops: list[tuple[str, Phase, str, int]] = []  # (name, phase, layer, workspace)
         self.overlap: list[int] = []
+        self.single: list[bool] = []
         self.adopted: list[tuple[int, int, str]] = []
         self._reads: dict[str, list[_Buf]] = {}
 
@@ -128,9 +131,16 @@ class Replay:
                 self._maybe_free(bufs[t.name])
             self.ops.append((op.name, phase, layer, workspace))
             self.overlap.append(high - workspace)
+            self.single.append(op.type not in CALLERS and op.type not in WHILES)
         for block, reads in copies:  # the variable's previous buffer is held until its last read is done
             if all(r.holders <= 0 for r in reads):
                 self.free_at[block] = max(r.until for r in reads)
+
+    def scratch_chunks(self, chunks: list[int], requests: list[int]) -> list[int]:
+        """Each op's scratch in the allocator: the chunk its one request got (``chunks``, from
+        :func:`~nnmem.allocators.bfc.steady_state_chunks`) where the workspace is the kernel's own scratch, else
+        the bytes requested (``requests``: a called graph's rise is many buffers, each rounded already)."""
+        return [c if one else r for c, r, one in zip(chunks, requests, self.single)]
 
     def adoptions(self, handles: dict[str, int]) -> list[tuple[int, int, int]]:
         """(op index, block, resident index) of each buffer a variable adopts (:attr:`adopted`), the variables

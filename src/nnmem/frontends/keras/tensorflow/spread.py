@@ -123,7 +123,8 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
                                                     replay.adoptions(handles))
         out.append((peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
                                 workspace, end_at),
-                    peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, scratch, end_at)))
+                    peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at,
+                                replay.scratch_chunks(scratch, high), end_at)))
     return out
 
 

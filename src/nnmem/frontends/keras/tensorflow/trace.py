@@ -290,6 +290,7 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
     handles = variable_handles(step, graph)
     held, chunks, scratch = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace,
                                                 replay.adoptions(handles))
+    scratch = replay.scratch_chunks(scratch, workspace)
     sequential = (peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at, workspace),
                   peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, scratch))
     low, high, threads = peak_range(graph, kept, resident, sequential, handles) if with_range else (None, None, None)
