@@ -23,7 +23,9 @@ def test_only_the_adapters_train_and_the_weights_are_packed() -> None:
     assert "2 linear layers" in row.description
     assert any("modelled, not measured" in n for n in row.report.notes)
     adapters = 4 * 8 * ((256 + 512) + (512 + 256))  # lora_A r x K and lora_B N x r, float32, per layer
-    assert 0 < row.report.breakdown["gradients"] <= adapters  # at the peak, in backward: some of them
+    # at the peak only adapters' gradients, if any: where bfloat16 matmuls carry oneDNN's scratchpad
+    # (avx512_core_bf16) the peak is in the forward pass, before any gradient
+    assert row.report.breakdown.get("gradients", 0) <= adapters
     # Adam's two moments and its step counter (a float32 scalar), for the four adapter matrices only
     assert row.report.breakdown["optimizer state"] == 2 * adapters + 4 * 4
     # NF4: two weights per byte, one uint8 scale per 64, one float32 per 256 scales, the code books

@@ -4,7 +4,8 @@ A fake (meta) kernel allocates only its outputs; the real CPU kernel may allocat
 the op (oneDNN reorders and scratchpads, im2col columns, temporaries of composite kernels). Each rule gives,
 for one op overload, the peak of the allocator's running sum inside the real kernel minus the op's new
 outputs, for the kernel ATen picks on this CPU (:mod:`nnmem.cpu`, docs/cpu-isa.md). Rules by op family:
-:mod:`.attention`, :mod:`.conv`, :mod:`.norm`, :mod:`.pool`, :mod:`.rnn`, :mod:`.quantized`, :mod:`.misc`;
+:mod:`.attention`, :mod:`.conv`, :mod:`.matmul`, :mod:`.norm`, :mod:`.pool`, :mod:`.rnn`, :mod:`.quantized`,
+:mod:`.misc`;
 sizes read from ``benchmarks/calibrate_workspace.py`` (torch 2.13.0, oneDNN 3.12) and the sources each rule names;
 ``tests/frontends/pytorch/test_workspace.py``, ``test_workspace_attention.py`` and
 ``test_workspace_conv_random.py`` measure them.
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nnmem.cpu import CpuInfo, describe
-from nnmem.frontends.pytorch.workspace import attention, conv, misc, norm, pool, quantized, rnn, rnn_native
+from nnmem.frontends.pytorch.workspace import attention, conv, matmul, misc, norm, pool, quantized, rnn, rnn_native
 from nnmem.frontends.pytorch.workspace.conv_select import ConvCall, conv_backend, conv_call
 from nnmem.frontends.pytorch.workspace.notes import note_for
 from nnmem.frontends.pytorch.workspace.rnn import lstm_workspace_bytes
@@ -31,8 +32,21 @@ FakeFix = Callable[[tuple[Any, ...], dict[str, Any], Any], Any]
 
 # Each family module registers its rules in its own WORKSPACE / SIZES / FAKE_OUTPUTS tables (op overload →
 # rule); a module that registers none of one kind has no such table.
-_FAMILIES = (attention, conv, misc, norm, pool, quantized, rnn, rnn_native)
-WORKSPACE: dict[Any, Rule] = {op: rule for m in _FAMILIES for op, rule in getattr(m, "WORKSPACE", {}).items()}
+_FAMILIES = (attention, conv, matmul, misc, norm, pool, quantized, rnn, rnn_native)
+
+
+def _together(first: Rule, second: Rule) -> Rule:
+    """An op two families give scratch (``aten.linear``: misc's input copy, then matmul's oneDNN scratchpad
+    while that copy is alive): the two add up."""
+    def rule(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
+        return first(args, kwargs, out, training, info) + second(args, kwargs, out, training, info)
+    return rule
+
+
+WORKSPACE: dict[Any, Rule] = {}
+for _family in _FAMILIES:
+    for _op, _rule in getattr(_family, "WORKSPACE", {}).items():
+        WORKSPACE[_op] = _together(WORKSPACE[_op], _rule) if _op in WORKSPACE else _rule
 SIZES: dict[Any, SizeRule] = {op: rule for m in _FAMILIES for op, rule in getattr(m, "SIZES", {}).items()}
 FAKE_OUTPUTS: dict[Any, FakeFix] = {op: fix for m in _FAMILIES for op, fix in getattr(m, "FAKE_OUTPUTS", {}).items()}
 

@@ -1,16 +1,36 @@
-"""When ATen runs a matmul through oneDNN, whose scratch no rule models: the note for such a call.
+"""The scratch of a matmul ATen runs through oneDNN: the brgemm matmul scratchpad, or a note where not modelled.
 
-Follows aten/src/ATen/native/mkldnn/Matmul.cpp (``use_mkldnn_{bf16,fp16,bf32}_matmul``, ``checksize``).
+Follows aten/src/ATen/native/mkldnn/Matmul.cpp (``use_mkldnn_{bf16,fp16,bf32}_matmul``, ``checksize``,
+``mkldnn_gemm``, ``mkldnn_matmul``), LinearAlgebra.cpp (``addmm_impl_cpu_``, ``bmm_out_or_baddbmm_``) and
+oneDNN v3.12 src/cpu/x64/matmul/brgemm_matmul_utils.cpp (``init_brgemm_matmul_conf``,
+``compute_blocking_heuristic_avx512``, ``init_aux_values``, ``init_scratchpad``) with
+src/common/memory_tracking.hpp (``registry_t::book``). ideep allocates the whole scratchpad (user scratchpad
+mode) as one block from PyTorch's CPU allocator per call; ``tests/frontends/pytorch/test_matmul_scratch.py``
+measures it. Modelled: bfloat16 on ``brg_matmul:avx512_core_bf16`` at the thread counts measured there.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from nnmem.cpu import CpuInfo
-from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, aten, dtype_name
+from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, aten, dtype_name, round_up
+from nnmem.frontends.pytorch.workspace.misc import _folds
+
+# The ISA and thread counts whose scratchpad sizes test_matmul_scratch.py measured (torch 2.13.0, oneDNN 3.12).
+MODELLED_ISA = "avx512_core_bf16"
+MODELLED_THREADS = (1, 2, 3, 4)
+
+_BF16, _F32 = 2, 4  # bytes per element: the operands and the f32 accumulator
+_ALIGN = 128  # memory_tracking.hpp default_alignment: book() adds it to every non-empty entry
+_BATCH_ELEMENT = 40  # sizeof(brgemm_batch_element_t), src/cpu/x64/brgemm/brgemm_types.hpp (x86-64)
+_WEI_N_BLK = 64  # get_default_n_block: no blocked tag, no AMX
+_WEI_K_BLK = 32  # get_wei_k_blk(bf16): 16 × VNNI granularity 2
+_CACHELINE_ELEMS = 64 // _BF16  # get_actual_lda: 64-byte cache line of bf16
 
 
 def onednn_matmul(dtype: torch.dtype, a_numel: int, n: int, info: CpuInfo) -> bool:
@@ -24,6 +44,234 @@ def onednn_matmul(dtype: torch.dtype, a_numel: int, n: int, info: CpuInfo) -> bo
     if dtype == torch.float16:
         return info.onednn_fp16
     return dtype == torch.float32 and info.onednn_bf16 and torch.get_float32_matmul_precision() == "medium"
+
+
+@dataclass(frozen=True, slots=True)
+class OnednnMatmul:
+    """A matmul as oneDNN's primitive sees it: ``src [batch, m, k] @ wei [batch, k, n]``.
+
+    Attributes:
+        m, k, n: the primitive's dimensions (ATen may swap the operands, see :func:`onednn_call`).
+        batch: the batch (1 for a 2-D product).
+        a_transposed: whether src comes with the transposed tag (``ba`` / ``acb``).
+    """
+
+    m: int
+    k: int
+    n: int
+    batch: int = 1
+    a_transposed: bool = False
+
+
+def _cast(t: torch.Tensor) -> str | None:
+    """How ``addmm_impl_cpu_`` casts a 2-D operand ``[rows, cols]`` of the row-major product: ``"plain"`` when
+    ``stride(1) == 1`` and ``stride(0) >= max(1, cols)``, else ``"transposed"`` when ``stride(0) == 1`` and
+    ``stride(1) >= max(1, rows)``, else None (a contiguous clone). Only dense leading dimensions are modelled
+    (None for a padded one)."""
+    rows, cols = int(t.shape[0]), int(t.shape[1])
+    s_rows, s_cols = int(t.stride(0)), int(t.stride(1))
+    if s_cols == 1 and s_rows >= max(1, cols):
+        return "plain" if rows == 1 or s_rows == cols else None
+    if s_rows == 1 and s_cols >= max(1, rows):
+        return "transposed" if cols == 1 or s_cols == rows else None
+    return None
+
+
+def _batched(t: torch.Tensor) -> str | None:
+    """``"plain"`` for a contiguous batch, ``"transposed"`` for one whose matrices are column-major and dense
+    (Matmul.cpp ``is_mkldnn_optimized_format``), else None (ATen copies it)."""
+    if t.is_contiguous():
+        return "plain"
+    _, rows, cols = (int(d) for d in t.shape)
+    strides = tuple(int(s) for s in t.stride())
+    return "transposed" if strides == (rows * cols, 1, rows) else None
+
+
+def _linear_call(x: Any, w: Any) -> OnednnMatmul | None:
+    """``aten.linear`` (whole under ``inference_mode``): Linear.cpp hands ``addmm`` / ``mm`` (``_flatten_nd_linear``
+    or ``matmul``'s fold) the input viewed as ``[-1, k]`` and ``weight.t()``. None for an input whose leading
+    dimensions do not fold (measured well above its copy plus one scratchpad: not modelled)."""
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or x.dim() < 2 or w.dim() != 2:
+        return None
+    if x.dim() > 2 and not _folds(x):
+        return None
+    k, n = int(x.shape[-1]), int(w.shape[0])
+    m = x.numel() // max(k, 1)
+    flat = x if x.dim() == 2 else x.reshape(-1, k)
+    a_layout = _cast(flat.t() if n == 1 else flat)
+    b_layout = _cast(w if n == 1 else w.t())
+    if a_layout is None or b_layout is None:
+        return None
+    return OnednnMatmul(1, k, m) if n == 1 else OnednnMatmul(m, k, n, 1, a_layout == "transposed")
+
+
+def onednn_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OnednnMatmul | None:
+    """The primitive a bf16 ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` call creates, or None where ATen first copies
+    an operand (strided, or a batch not dense) or scales it (``alpha != 1``), which no rule models.
+
+    2-D: ``addmm_impl_cpu_`` computes the fresh row-major result as ``C^T = B^T A^T`` (``transpose_c``) unless
+    its last dimension is 1, then ``mkldnn_gemm`` swaps again: oneDNN sees ``A @ B`` (``n == 1``: ``B^T @ A^T``).
+    3-D: ``mkldnn_matmul`` takes ``batch1`` and ``batch2`` as they are."""
+    if func is aten.linear.default:
+        return _linear_call(args[0], args[1])
+    if func in (aten.mm.default, aten.bmm.default):
+        a, b = args[0], args[1]
+    elif func in (aten.addmm.default, aten.baddbmm.default, aten._addmm_activation.default):
+        a, b = args[1], args[2]
+        if float(kwargs.get("alpha", args[4] if len(args) > 4 else 1)) != 1.0:
+            return None
+    else:
+        return None
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() != b.dim():
+        return None
+    m, k, n = int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
+    if a.dim() == 3:  # Matmul.cpp is_mkldnn_optimized_format, else a contiguous copy
+        a_layout, b_layout = _batched(a), _batched(b)
+        if a_layout is None or b_layout is None:
+            return None
+        return OnednnMatmul(m, k, n, int(a.shape[0]), a_layout == "transposed")
+    if a.dim() != 2:
+        return None
+    if n == 1:  # result [m, 1] is column-major too: no transpose_c; the casts see the operands transposed
+        a_layout, b_layout = _cast(a.t()), _cast(b.t())
+        return None if a_layout is None or b_layout is None else OnednnMatmul(1, k, m)
+    a_layout, b_layout = _cast(a), _cast(b)
+    if a_layout is None or b_layout is None:
+        return None
+    return OnednnMatmul(m, k, n, 1, a_layout == "transposed")
+
+
+def _div_up(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _is_pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def _spatial_disbalance(work: int, block: int) -> np.float32:
+    """``calculate_spatial_disbalance`` (in float, as oneDNN computes it)."""
+    mod = work % block
+    return np.float32(block - mod if work < block else min(block - mod, mod)) / np.float32(block)
+
+
+def _imbalance(c: OnednnMatmul, nthr: int, m_blk: int, n_chunks: int, n_blk: int, k_blk: int,
+               nthr_k: int) -> np.float32:
+    """``matmul_avx512_blocking_params_t::get_imbalance`` (m_chunks 1), in float32 as oneDNN sums it."""
+    f = np.float32
+    cur = nthr // nthr_k
+    work = _div_up(c.m, m_blk) * _div_up(c.n, n_blk * n_chunks) * c.batch
+    num_n_blk = _div_up(c.n, n_blk)
+    n_disb = (f(_div_up(num_n_blk, n_chunks)) * f(n_chunks) - f(num_n_blk)) / f(num_n_blk)
+    thr_disb = (f(nthr) - f(cur * nthr_k)) / f(nthr) if cur * nthr_k != nthr else f(0)
+    total = _spatial_disbalance(work, cur) + f(m_blk * _div_up(c.m, m_blk) % c.m) / f(c.m)
+    return f((((total + n_disb) + thr_disb) + _spatial_disbalance(c.k, nthr_k * k_blk)) / f(5))
+
+
+@dataclass(frozen=True, slots=True)
+class _Blocking:
+    m_blk: int
+    n_chunks: int
+    k_blk: int
+    nthr_k: int
+    buffer_a: bool
+
+
+def _blocking(c: OnednnMatmul, nthr: int) -> _Blocking | None:
+    """``compute_blocking_heuristic`` → ``compute_blocking_heuristic_avx512`` for bf16 on avx512_core_bf16 (no
+    AMX, N block fixed at 64 by the blocked bf16 tags, so never narrowed to 32)."""
+    transposed_a = c.a_transposed and c.m != 1  # treat_A_as_plain when M == 1
+    # src_tag: a [1, K] src matches ab and ba, and set_or_check_tags then takes matmul_helper_t::transA(),
+    # 'T' unless M > 1 (src/cpu/matmul/matmul_utils.hpp)
+    transposed_tag = c.a_transposed or c.m == 1
+    lda_big_pow2 = not transposed_a and _is_pow2(c.k) and c.k >= 8192 // _BF16
+    buffer_a = transposed_a or (lda_big_pow2 and c.m >= 1024)  # is_copy_a_required | prefer_copy_a
+    max_m_blk, min_m_blk = min(256, c.m), min(32, c.m)
+    n_blk = min(_WEI_N_BLK, c.n)
+    n_chunks_start = min(16 if buffer_a else 1, _div_up(c.n, n_blk))
+    k_blk = min(c.k, 1024 if c.k > 1024 and not transposed_tag else 512)
+    start_nthr_k = 1
+    if nthr > c.batch * _div_up(c.n, n_blk):  # low_parallel_work
+        min_m_blk = min(c.m, 16)
+        if c.batch == 1 and transposed_tag and _is_pow2(c.k) and c.k >= 2048:  # bwd_w_par_k_blk
+            start_nthr_k = min(nthr, 4)
+    best, best_imb = None, np.float32(1)
+    for nthr_k in range(start_nthr_k, 0, -1):
+        found = False
+        for n_chunks in range(n_chunks_start, 0, -1):
+            for m_blk in range(max_m_blk, min_m_blk - 1, -1):
+                imb = _imbalance(c, nthr, m_blk, n_chunks, n_blk, k_blk, nthr_k)
+                work = c.batch * _div_up(c.m, m_blk) * _div_up(c.n, n_blk * n_chunks)
+                nthr_bmn = nthr // nthr_k
+                if work < nthr_bmn * 3 and work % nthr_bmn != 0 and start_nthr_k == 1:
+                    continue
+                if imb < best_imb:
+                    best, best_imb, found = _Blocking(m_blk, n_chunks, k_blk, nthr_k, buffer_a), imb, True
+        if not found:
+            imb = _imbalance(c, nthr, min_m_blk, 1, n_blk, k_blk, nthr_k)
+            if imb < best_imb:
+                best, best_imb = _Blocking(min_m_blk, 1, k_blk, nthr_k, buffer_a), imb
+    return best  # None: VERBOSE_BLOCKING_FAIL, oneDNN would pick another implementation (not modelled)
+
+
+def _book(size: int) -> int:
+    """``registry_t::book``: an entry takes its size plus the alignment (128), and nothing when empty."""
+    return size + _ALIGN if size > 0 else 0
+
+
+def brgemm_scratchpad(c: OnednnMatmul, nthr: int) -> int | None:
+    """Bytes of the scratchpad a bf16 ``brg_matmul:avx512_core_bf16`` primitive books (``init_scratchpad``):
+    per thread, the brgemm batch elements, a copy of A (transposed A), a VNNI copy of B's K×N block and the
+    f32 accumulator C; entries rounded by :func:`_book`. C is always booked: ``is_buffer_c_required`` runs in
+    ``update_configuration`` before ``init_aux_values`` sets ``K_chunk_elems`` (still 0), so a bf16 dst
+    (≠ the f32 accumulator) always needs it.
+
+    Args:
+        c: the primitive's shape (:func:`onednn_call`).
+        nthr: oneDNN's thread count (``dnnl_get_max_threads``, i.e. ``torch.get_num_threads()``).
+    """
+    blk = _blocking(c, nthr)
+    if blk is None:
+        return None
+    n_blk = min(_WEI_N_BLK, c.n)
+    batch_elems = nthr * 16 * _BATCH_ELEMENT  # brgemm_batch_size 1 on this path
+    lda = round_up(blk.k_blk, _CACHELINE_ELEMS)
+    if lda >= 512 and _is_pow2(lda):
+        lda += _CACHELINE_ELEMS
+    buffer_a = nthr * _BF16 * blk.m_blk * lda if blk.buffer_a else 0
+    buffer_b = nthr * _BF16 * round_up(n_blk, _WEI_N_BLK) * round_up(blk.k_blk, _WEI_K_BLK)
+    if blk.nthr_k > 1:  # LDC = LDD (the dst row), rows: all of M
+        buffer_c = nthr * _F32 * c.n * c.m
+    else:
+        chunk = _F32 * n_blk * blk.m_blk
+        buffer_c = nthr * chunk * (1 if blk.k_blk >= c.k else blk.n_chunks)
+    return _book(batch_elems) + _book(buffer_a) + _book(buffer_b) + _book(buffer_c)
+
+
+def matmul_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], info: CpuInfo) -> int | None:
+    """The oneDNN scratchpad of a matmul op call, in bytes; 0 when ATen does not send it to oneDNN; None
+    when it does but no rule models the call on this CPU (then :func:`matmul_note` gives the reason)."""
+    operands = _matmul_operands(func, args)
+    if operands is None or not onednn_matmul(operands[0].dtype, operands[0].numel(), operands[1], info):
+        return 0
+    if operands[0].dtype != torch.bfloat16 or info.isa != MODELLED_ISA:
+        return None
+    nthr = torch.get_num_threads()
+    call = onednn_call(func, args, kwargs)
+    if call is None or nthr not in MODELLED_THREADS:
+        return None
+    return brgemm_scratchpad(call, nthr)
+
+
+def _rule(func: Any) -> Any:
+    """The workspace rule of one matmul op: :func:`matmul_scratch`, 0 where not modelled (and noted)."""
+    def rule(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
+        return matmul_scratch(func, args, kwargs, info) or 0
+    return rule
+
+
+WORKSPACE = {op: _rule(op) for op in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+                                      aten._addmm_activation.default, aten.linear.default)}
 
 
 def _matmul_operands(func: Any, args: tuple[Any, ...]) -> tuple[torch.Tensor, int] | None:
@@ -42,12 +290,10 @@ def _matmul_operands(func: Any, args: tuple[Any, ...]) -> tuple[torch.Tensor, in
     return a, int(b.shape[-1])
 
 
-def matmul_note(func: Any, args: tuple[Any, ...], info: CpuInfo) -> str | None:
-    """Why the scratch of a matmul op call is not modelled on this CPU, or None (not a matmul, or not oneDNN's)."""
-    operands = _matmul_operands(func, args)
-    if operands is None:
+def matmul_note(func: Any, args: tuple[Any, ...], info: CpuInfo, kwargs: dict[str, Any] | None = None) -> str | None:
+    """Why the scratch of a matmul op call is not modelled on this CPU, or None (not a matmul, not oneDNN's, or
+    modelled by :func:`matmul_scratch`)."""
+    if matmul_scratch(func, args, kwargs or {}, info) is not None:
         return None
-    a, n = operands
-    if not onednn_matmul(a.dtype, a.numel(), n, info):
-        return None
+    a = args[0] if func in (aten.mm.default, aten.bmm.default, aten.matmul.default, aten.linear.default) else args[1]
     return f"{dtype_name(a.dtype)} matmul through oneDNN (ISA {info.isa}): {NOT_MODELLED}"

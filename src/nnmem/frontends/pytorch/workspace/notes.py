@@ -34,4 +34,4 @@ def note_for(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], info: Cpu
         return None if call is None else conv_note(call, info)
     if func in RECURRENT:
         return recurrent_note(func, args, info)
-    return attention_note(func, args, kwargs, info) or matmul_note(func, args, info)
+    return attention_note(func, args, kwargs, info) or matmul_note(func, args, info, kwargs)

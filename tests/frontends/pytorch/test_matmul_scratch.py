@@ -1,0 +1,163 @@
+"""The oneDNN scratchpad of bfloat16 matmuls (workspace/matmul.py) against the profiler's measurement of the
+same op, and a bfloat16 MLP's estimate against its measurement.
+
+The rule is a port of oneDNN's brgemm matmul for one ISA (``avx512_core_bf16``) at the thread counts it was
+measured at; elsewhere these tests skip, and the calls keep their "not modelled" note (checked here too).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nnmem
+from nnmem import cpu
+from nnmem.frontends.pytorch.workspace import note_for
+from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS, matmul_scratch
+
+_spec = importlib.util.spec_from_file_location(
+    "calibrate_workspace", Path(__file__).resolve().parents[3] / "benchmarks" / "calibrate_workspace.py")
+assert _spec is not None and _spec.loader is not None
+calibrate = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = calibrate
+_spec.loader.exec_module(calibrate)
+
+HOST = cpu.describe()
+BF16 = torch.bfloat16
+_MATMULS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+            "aten.linear.default")
+
+
+def _require_modelled_cpu(threads: int) -> None:
+    if not torch.backends.mkldnn.is_available() or HOST.isa != MODELLED_ISA:
+        pytest.skip(f"the bf16 oneDNN matmul scratchpad is modelled on ISA {MODELLED_ISA}; this CPU "
+                    f"({HOST.model}) runs oneDNN at {HOST.isa}")
+    if threads not in MODELLED_THREADS:
+        pytest.skip(f"the bf16 oneDNN matmul scratchpad is modelled at {MODELLED_THREADS} threads, not {threads}")
+
+
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _dim(rng: random.Random) -> int:
+    return rng.choice([1, 2, 3, 7, 16, 17, 31, 32, 33, 64, 65, 100, 127, 128, 255, 256, 300, 511, 512, 513, 777,
+                       1000, 1024, 2048, 4096, rng.randint(1, 1024)])
+
+
+def _case(rng: random.Random) -> tuple[str, Callable[[], Any]] | None:
+    """One seeded matmul step: mm (either operand transposed), F.linear with and without bias, bmm (plain or
+    transposed src), and an nn.Linear forward and backward (whose gradients multiply transposed operands)."""
+    m, k, n = _dim(rng), _dim(rng), _dim(rng)
+    kind = rng.choice(["mm", "mm_ta", "mm_tb", "linear", "linear_nobias", "bmm", "bmm_ta", "linear_train"])
+    if m * k * n > 1 << 26:
+        return None
+    if kind.startswith("mm"):
+        a = torch.randn(k, m, dtype=BF16).t() if kind == "mm_ta" else torch.randn(m, k, dtype=BF16)
+        b = torch.randn(n, k, dtype=BF16).t() if kind == "mm_tb" else torch.randn(k, n, dtype=BF16)
+        return f"{kind} {m}x{k}x{n}", lambda: torch.mm(a, b)
+    if kind.startswith("bmm"):
+        batch = rng.randint(1, 6)
+        a = torch.randn(batch, k, m, dtype=BF16).transpose(1, 2) if kind == "bmm_ta" else torch.randn(batch, m, k,
+                                                                                                     dtype=BF16)
+        b = torch.randn(batch, k, n, dtype=BF16)
+        return f"{kind} {batch}x{m}x{k}x{n}", lambda: torch.bmm(a, b)
+    x = torch.randn(m, k, dtype=BF16)
+    lin = nn.Linear(k, n, bias=kind != "linear_nobias").to(BF16)
+    if kind == "linear_train":
+        x.requires_grad_()
+
+        def step() -> None:
+            y = lin(x)
+            (y.float() ** 2).sum().backward()
+        return f"{kind} {m}x{k}x{n}", step
+    return f"{kind} {m}x{k}x{n}", lambda: F.linear(x, lin.weight, lin.bias)
+
+
+@pytest.mark.parametrize("threads", MODELLED_THREADS)
+def test_bf16_matmul_scratch_matches_measurement(threads: int) -> None:
+    """Every bf16 matmul op of 40 seeded steps: the rule's bytes equal the allocator's peak inside the op minus
+    its outputs (one scratchpad block from ideep), and no note; at least 30 of them run through oneDNN."""
+    _require_modelled_cpu(threads)
+    rng, through_onednn, mismatches = random.Random(2026), 0, []
+    with _threads(threads):
+        for _ in range(40):
+            case = _case(rng)
+            if case is None:
+                continue
+            label, fn = case
+            for row in calibrate.measure_ops(fn, training=label.startswith("linear_train")):
+                if row.name not in _MATMULS:
+                    continue
+                through_onednn += row.scratch > 0
+                if row.predicted != row.scratch or row.note is not None:
+                    mismatches.append(f"{label} {row.name} {row.shapes}: measured {row.scratch:,} B, "
+                                      f"rule {row.predicted:,} B, note {row.note}")
+    assert not mismatches, "\n".join(mismatches)
+    assert through_onednn >= 30
+
+
+def test_big_k_and_row_vector_blockings() -> None:
+    """The K-split (transposed src, K a power of two >= 2048), the 1024-deep K block, the copy of a
+    power-of-two-wide src (M >= 1024) and a 1-row src, whose ambiguous tag oneDNN reads as transposed."""
+    threads = torch.get_num_threads()
+    _require_modelled_cpu(threads)
+    shapes = [("ta", 64, 2048, 32), ("ta", 300, 2048, 130), ("", 8, 3000, 40), ("", 1024, 4096, 64),
+              ("", 1, 4096, 16), ("", 1, 5000, 1), ("", 3, 4096, 1), ("ta", 777, 1, 255)]
+    for kind, m, k, n in shapes:
+        a = torch.randn(k, m, dtype=BF16).t() if kind == "ta" else torch.randn(m, k, dtype=BF16)
+        b = torch.randn(k, n, dtype=BF16)
+        (row,) = [r for r in calibrate.measure_ops(lambda a=a, b=b: torch.mm(a, b), training=False)
+                  if r.name == "aten.mm.default"]
+        assert row.predicted == row.scratch > 0 and row.note is None, (kind, m, k, n, row)
+
+
+def test_note_stays_where_not_modelled() -> None:
+    """Another ISA, float16, a strided operand or an unmodelled thread count keep the note and get no bytes."""
+    mm, a, b = torch.ops.aten.mm.default, torch.zeros(64, 64, dtype=BF16), torch.zeros(64, 64, dtype=BF16)
+    modelled = cpu.CpuInfo(model="test", arch="x86_64", flags=(), isa=MODELLED_ISA)
+    for isa in ("avx512_core_amx", "avx512_core_fp16", "avx2_vnni_2"):
+        other = cpu.CpuInfo(model="test", arch="x86_64", flags=(), isa=isa)
+        assert matmul_scratch(mm, (a, b), {}, other) is None
+        assert note_for(mm, (a, b), {}, other) is not None
+    half = cpu.CpuInfo(model="test", arch="x86_64", flags=(), isa="avx512_core_amx_fp16")
+    assert note_for(mm, (a.half(), b.half()), {}, half) is not None
+    wide = torch.zeros(64, 128, dtype=BF16)[:, :64]  # padded rows: ATen clones it first
+    assert note_for(mm, (wide, b), {}, modelled) is not None
+    if torch.backends.mkldnn.is_available():
+        with _threads(max(MODELLED_THREADS) + 1):
+            assert note_for(mm, (a, b), {}, modelled) is not None
+        with _threads(MODELLED_THREADS[0]):
+            assert note_for(mm, (a, b), {}, modelled) is None
+            assert (matmul_scratch(mm, (a, b), {}, modelled) or 0) > 0
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_bf16_mlp_estimate_matches_measurement(mode: str) -> None:
+    """A bf16 MLP with odd widths: no note, and the allocator peak within 0.5 % of the measured one."""
+    _require_modelled_cpu(torch.get_num_threads())
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(300, 512), nn.ReLU(), nn.Linear(512, 257), nn.GELU(),
+                          nn.Linear(257, 10)).to(BF16)
+    x = torch.randn(64, 300, dtype=BF16)
+    estimate = nnmem.estimate(model, (x,), mode=mode, optimizer="sgd")
+    measured = nnmem.measure(model, (x,), mode=mode, optimizer="sgd")
+    assert not any("matmul" in n for n in estimate.notes), estimate.notes
+    e, m = estimate.peaks["allocator"], measured.peaks["allocator"]
+    assert abs(e - m) <= 0.005 * m, f"estimated {e:,} B, measured {m:,} B ({(e - m) / m:+.2%})"
