@@ -7,14 +7,12 @@ measured at; elsewhere these tests skip, and the calls keep their "not modelled"
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
+import calibrate_workspace as calibrate
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,13 +22,6 @@ import nnmem
 from nnmem import cpu
 from nnmem.frontends.pytorch.workspace import note_for
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS, matmul_scratch
-
-_spec = importlib.util.spec_from_file_location(
-    "calibrate_workspace", Path(__file__).resolve().parents[3] / "benchmarks" / "calibrate_workspace.py")
-assert _spec is not None and _spec.loader is not None
-calibrate = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = calibrate
-_spec.loader.exec_module(calibrate)
 
 HOST = cpu.describe()
 BF16 = torch.bfloat16

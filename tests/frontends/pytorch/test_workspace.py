@@ -6,11 +6,11 @@ ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``): each test check
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
 
+import calibrate_workspace as calibrate
 import pytest
 import torch
 from torch import nn
@@ -25,13 +25,6 @@ from nnmem.frontends.pytorch.workspace import (
     note_for,
 )
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_THREADS
-
-_spec = importlib.util.spec_from_file_location(
-    "calibrate_workspace", Path(__file__).resolve().parents[3] / "benchmarks" / "calibrate_workspace.py")
-assert _spec is not None and _spec.loader is not None
-calibrate = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = calibrate
-_spec.loader.exec_module(calibrate)
 
 HOST = cpu.describe()
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available() or HOST.isa == "unknown",
