@@ -10,6 +10,7 @@ back to tracing each candidate.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -149,9 +150,21 @@ def _series(sim: Simulation, level: str) -> tuple[int, ...]:
     return sim.tensor_live if level == "tensor" else sim.allocator_live
 
 
+_UNIQUIFIED = re.compile(r"_\d+(?=/)")
+"""A name scope's uniquifying suffix (``adam_1/`` then ``adam_2/``): a framework that builds part of the step
+afresh for every trace (Keras on TensorFlow, its optimizer's update ops) numbers the scope anew each time."""
+
+
+def _same_ops(first: Trace, second: Trace) -> bool:
+    """Whether two traces run the same ops in the same order, scope numbering aside."""
+    return len(first.ops) == len(second.ops) and all(
+        x.name == y.name or _UNIQUIFIED.sub("", x.name) == _UNIQUIFIED.sub("", y.name)
+        for x, y in zip(first.ops, second.ops))
+
+
 def fit_curve(first: Trace, second: Trace, b1: int, b2: int, level: str) -> BatchCurve | None:
     """Fit the per-op affine curve from traces at two batch sizes; None when their ops differ."""
-    if len(first.ops) != len(second.ops) or any(x.name != y.name for x, y in zip(first.ops, second.ops)):
+    if not _same_ops(first, second):
         return None
     s1, s2 = simulate(first), simulate(second)
     resident1, resident2 = first.resident_bytes, second.resident_bytes

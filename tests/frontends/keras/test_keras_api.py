@@ -106,6 +106,17 @@ def test_training_grows_faster_with_batch_than_inference() -> None:
     assert fits["infer"].batch > fits["train"].batch > 0
 
 
+def test_explain_answers_for_both_modes() -> None:
+    """The curve is fitted from traces at two batches: on TensorFlow each trace builds a named optimizer's update ops
+    afresh (scope ``adam_1/``, then ``adam_2/``), the same ops under another number."""
+    model, (x, y) = _mlp(), _data()
+    explanation = nnmem.explain(model, x[:8], target=y[:8], budget="64MiB", optimizer="adam")
+    fits = explanation.train.fit, explanation.infer.fit
+    assert fits[0] is not None and fits[1] is not None
+    assert fits[1].batch > fits[0].batch > 0
+    assert explanation.train.per_sample_bytes > 0 and explanation.infer.per_sample_bytes > 0
+
+
 def test_cli_refuses_a_lambda_layer_and_estimates_a_plain_file(tmp_path: object) -> None:
     from pathlib import Path
 
