@@ -22,6 +22,7 @@ from nnmem.frontends.keras.data import rebatch, step_data, unpack
 from nnmem.frontends.keras.transport import load_file, model_payload
 from nnmem.loader import build, resolve_factory
 from nnmem.report.model import Report, report_from_trace
+from nnmem.simulate import simulate
 from nnmem.trace import Trace
 
 __all__ = ["FRONTEND", "KerasFrontend", "BACKENDS", "backend_module", "from_factory"]
@@ -121,13 +122,14 @@ class KerasFrontend:
     def tracer(self, request: StepRequest) -> Callable[[int], Trace]:
         """The model is built once (a spec's factory at batch 1); inputs and target are rebatched as zeros.
 
-        On TensorFlow the traces leave out the peak range over the executor's orders (Grappler and some forty
-        replays per graph): a batch search reads the sequential peak, as ``estimate`` reports it.
+        On TensorFlow the traces carry the quick range's high end (a few of the executor's orders, no Grappler:
+        ``peak_range(quick=True)``), which :meth:`peak_of` hands the batch search: a plain ``fit`` runs its ops
+        concurrently and can peak far above the sequential order (two im2col buffers at once).
         """
         request = self.load(request)
         first, loss_fn, _ = _step(request, 1)
         trace_module = backend_module("trace")
-        options = {"with_range": False} if keras.backend.backend() == "tensorflow" else {}
+        options = {"quick_range": True} if keras.backend.backend() == "tensorflow" else {}
 
         def trace_at(batch: int) -> Trace:
             step = prepare(first.model, rebatch(first.x, batch), rebatch(first.y, batch), mode=request.mode,
@@ -138,8 +140,18 @@ class KerasFrontend:
         return trace_at
 
     def peak_of(self, request: StepRequest) -> Callable[[Trace], int] | None:
+        """On TensorFlow, the higher of the sequential peak and the quick range's high end (what a plain step
+        can reach decides an OOM); elsewhere None (the trace's allocator level)."""
         _check_device(request.device)
-        return None
+        if keras.backend.backend() != "tensorflow":
+            return None
+
+        def peak(trace: Trace) -> int:
+            high = trace.meta.get("peak_high")
+            sequential = simulate(trace).peaks["allocator"]
+            return max(sequential, int(high)) if isinstance(high, int) else sequential
+
+        return peak
 
     def measure(self, request: StepRequest, *, timeout_s: float | None) -> Report:
         """The model travels to the child as its Keras config with the classes of its custom layers and is

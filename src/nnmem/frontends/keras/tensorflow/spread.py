@@ -27,7 +27,8 @@ from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_pool_timel
 from nnmem.frontends.keras.tensorflow.scratch import tensor_bytes
 from nnmem.trace import Phase
 
-__all__ = ["POOL_TIMELINES", "TIMELINES", "grappler_graph", "inter_op_threads", "peak_in_use", "peak_range"]
+__all__ = ["POOL_TIMELINES", "QUICK_POOL_TIMELINES", "TIMELINES", "grappler_graph", "inter_op_threads", "peak_in_use",
+           "peak_range"]
 
 TIMELINES = 16
 """Seeded timelines of unequal op durations (:func:`~.schedule.executor_timeline`) each graph is replayed in."""
@@ -35,6 +36,10 @@ TIMELINES = 16
 POOL_TIMELINES = 8
 """Seeded timelines of the executor's thread pool, each worker running a chain depth-first
 (:func:`~.schedule.executor_pool_timeline`)."""
+
+QUICK_POOL_TIMELINES = 2
+"""Pool timelines of the quick range (``peak_range(quick=True)``, for batch searches): with the waves of
+``threads`` ops at a time, on the graph as traced only."""
 
 
 def inter_op_threads() -> int:
@@ -106,13 +111,18 @@ def grappler_graph(graph: Any, fetch: list[str]) -> Any | None:
 
 
 def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], threads: int,
-           resident: list[tuple[int, int]], handles: dict[str, int]) -> list[tuple[int, int]]:
+           resident: list[tuple[int, int]], handles: dict[str, int], quick: bool = False) -> list[tuple[int, int]]:
     """(requested, BFC) peaks of the executor's orders: in waves 1 and ``threads`` ops at a time, each of
-    ``PICKS``, ``TIMELINES`` seeded timelines of ``threads`` workers and ``POOL_TIMELINES`` of the thread pool."""
-    orders = [executor_waves(graph, kept, n, pick) for n in sorted({1, threads}) for pick in PICKS]
-    if threads > 1:
-        orders += [executor_timeline(graph, kept, threads, seed) for seed in range(TIMELINES)]
-        orders += [executor_pool_timeline(graph, kept, threads, seed) for seed in range(POOL_TIMELINES)]
+    ``PICKS``, ``TIMELINES`` seeded timelines of ``threads`` workers and ``POOL_TIMELINES`` of the thread pool;
+    ``quick``: the waves of ``threads`` ops and ``QUICK_POOL_TIMELINES`` pool timelines."""
+    if quick:
+        orders = [executor_waves(graph, kept, threads, pick) for pick in PICKS]
+        orders += [executor_pool_timeline(graph, kept, threads, seed) for seed in range(QUICK_POOL_TIMELINES)]
+    else:
+        orders = [executor_waves(graph, kept, n, pick) for n in sorted({1, threads}) for pick in PICKS]
+        if threads > 1:
+            orders += [executor_timeline(graph, kept, threads, seed) for seed in range(TIMELINES)]
+            orders += [executor_pool_timeline(graph, kept, threads, seed) for seed in range(POOL_TIMELINES)]
     out = []
     for ops, end_at in orders:
         replay = Replay(functions_of(graph))
@@ -147,7 +157,8 @@ def _fetch(graph: Any, kept: set[str]) -> list[str]:
 
 
 def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequential: tuple[int, int],
-               handles: dict[str, int] | None = None, grappler: bool = True) -> tuple[int, int, int]:
+               handles: dict[str, int] | None = None, grappler: bool = True,
+               quick: bool = False) -> tuple[int, int, int]:
     """(lowest, highest peak, inter-op threads), in bytes, over the step's op orders (module docstring).
 
     Args:
@@ -158,12 +169,14 @@ def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequ
         handles: the resident index of each variable by its handle placeholder's name (a variable that adopts a
             step buffer moves there: :func:`~nnmem.allocators.bfc.steady_state_chunks`).
         grappler: include the graph as Grappler rewrites it.
+        quick: a few orders on the graph as traced (:data:`QUICK_POOL_TIMELINES`), some 7 replays instead of
+            some 70: a batch search's high end, at most the full range's.
     """
     threads = inter_op_threads()
     keep = [t.name for t in graph.outputs]
     inputs = {t.name for t in graph.inputs}
     handles = handles or {}
-    peaks = [sequential, *_peaks(graph, kept, inputs, keep, threads, resident, handles)]
+    peaks = [sequential, *_peaks(graph, kept, inputs, keep, threads, resident, handles, quick)]
     rewritten = grappler_graph(graph, _fetch(graph, kept)) if grappler else None
     if rewritten is not None:
         names = {op.name for op in rewritten.get_operations()}

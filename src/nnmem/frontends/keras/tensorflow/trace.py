@@ -260,7 +260,8 @@ def _gradient_blocks(ops: list[Any], replay: Replay, where: list[tuple[Phase, st
     return out
 
 
-def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = True) -> Trace:
+def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = True,
+               quick_range: bool = False) -> Trace:
     """Estimate one Keras step on the TensorFlow backend from the graph of its ``tf.function``.
 
     Nothing batch-sized is allocated: the function is traced for ``tf.TensorSpec`` s of the data.
@@ -269,6 +270,8 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
         with_range: also find the peak range over the executor's orders (``peak_low`` / ``peak_high`` in
             ``meta``; it runs Grappler on the graph). A pinned measurement leaves it out: Grappler's pass in the
             measuring process changes the BFC layout the pinned step then lands in.
+        quick_range: with ``with_range``, the few orders of ``peak_range(quick=True)`` (a batch search's high
+            end, without Grappler).
 
     Raises:
         TraceError: the model rejects the inputs' shapes or dtypes.
@@ -293,7 +296,8 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
     scratch = replay.scratch_chunks(scratch, workspace)
     sequential = (peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at, workspace),
                   peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, scratch))
-    low, high, threads = peak_range(graph, kept, resident, sequential, handles) if with_range else (None, None, None)
+    low, high, threads = (peak_range(graph, kept, resident, sequential, handles, quick=quick_range) if with_range
+                          else (None, None, None))
     blocks = _held(blocks, held)
     base = len(blocks)
     for b, size in enumerate(chunks):
