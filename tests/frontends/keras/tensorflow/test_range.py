@@ -133,3 +133,23 @@ def test_wave_picks_match_sorting_the_ready_ops_every_wave() -> None:
                     if waiting[u] == 0:
                         ready.append(u)
         assert [op.name for op in executor_waves(graph, kept, 2, pick)[0]] == expected, pick
+
+
+def test_a_batch_search_holds_the_quick_range_high_end_to_the_budget() -> None:
+    """A TensorFlow batch search reads the high end of the quick range (some 14 replays): at least the sequential
+    peak, at most the full range's high end, and what the frontend hands the search as the peak."""
+    import nnmem
+    from nnmem._api import step_request
+    from nnmem.frontends.keras.frontend import KerasFrontend
+    from nnmem.simulate import simulate
+
+    full = nnmem.estimate("keras_two_branch_cnn", mode="train", optimizer="adam", batch=BATCH)
+    assert full.peak_range is not None
+    request = step_request("keras_two_branch_cnn", None, mode="train", optimizer="adam")
+    frontend = KerasFrontend()
+    trace = frontend.tracer(request)(BATCH)
+    quick_high = trace.meta["peak_high"]
+    assert isinstance(quick_high, int)
+    assert simulate(trace).peaks["allocator"] < quick_high <= full.peak_range[1]
+    peak_of = frontend.peak_of(request)
+    assert peak_of is not None and peak_of(trace) == quick_high
