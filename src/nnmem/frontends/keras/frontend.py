@@ -122,9 +122,10 @@ class KerasFrontend:
     def tracer(self, request: StepRequest) -> Callable[[int], Trace]:
         """The model is built once (a spec's factory at batch 1); inputs and target are rebatched as zeros.
 
-        On TensorFlow the traces carry the quick range's high end (a few of the executor's orders, no Grappler:
-        ``peak_range(quick=True)``), which :meth:`peak_of` hands the batch search: a plain ``fit`` runs its ops
-        concurrently and can peak far above the sequential order (two im2col buffers at once).
+        On TensorFlow the traces carry the quick range's high end (a few of the executor's orders on the graph as
+        traced and as Grappler rewrites it: ``peak_range(quick=True)``), which :meth:`peak_of` hands the batch
+        search: a plain ``fit`` runs its ops concurrently and can peak far above the sequential order (two im2col
+        buffers at once).
         """
         request = self.load(request)
         first, loss_fn, _ = _step(request, 1)

@@ -38,8 +38,8 @@ POOL_TIMELINES = 8
 (:func:`~.schedule.executor_pool_timeline`)."""
 
 QUICK_POOL_TIMELINES = 2
-"""Pool timelines of the quick range (``peak_range(quick=True)``, for batch searches): with the waves of
-``threads`` ops at a time, on the graph as traced only."""
+"""Pool timelines of the quick range (``peak_range(quick=True)``, for batch searches), beside the waves of
+``threads`` ops at a time, on each graph (as traced and as Grappler rewrites it)."""
 
 
 def inter_op_threads() -> int:
@@ -169,8 +169,8 @@ def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequ
         handles: the resident index of each variable by its handle placeholder's name (a variable that adopts a
             step buffer moves there: :func:`~nnmem.allocators.bfc.steady_state_chunks`).
         grappler: include the graph as Grappler rewrites it.
-        quick: a few orders on the graph as traced (:data:`QUICK_POOL_TIMELINES`), some 7 replays instead of
-            some 70: a batch search's high end, at most the full range's.
+        quick: a few orders per graph (the waves of ``threads`` ops, :data:`QUICK_POOL_TIMELINES` pool
+            timelines): 14 replays instead of some 70, a batch search's high end, at most the full range's.
     """
     threads = inter_op_threads()
     keep = [t.name for t in graph.outputs]

@@ -271,7 +271,7 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
             ``meta``; it runs Grappler on the graph). A pinned measurement leaves it out: Grappler's pass in the
             measuring process changes the BFC layout the pinned step then lands in.
         quick_range: with ``with_range``, the few orders of ``peak_range(quick=True)`` (a batch search's high
-            end, without Grappler).
+            end).
 
     Raises:
         TraceError: the model rejects the inputs' shapes or dtypes.
