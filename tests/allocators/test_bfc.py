@@ -42,3 +42,17 @@ def test_a_variable_that_adopts_a_step_buffer_leaves_a_hole_handed_out_whole() -
     assert chunks == [1024, 256]  # written in place: every step finds the same free space
     _, chunks, _ = steady_state_chunks(resident, sizes, alloc_at, free_at, [0, 0], adopted=[(1, 1, 0)])
     assert chunks[0] == 1536
+
+
+def test_a_chunk_that_would_waste_128_mib_is_split() -> None:
+    """bfc_allocator.cc splits a free chunk under twice the request when handing it out whole would waste
+    ``max_internal_fragmentation_bytes`` (128 MiB): a 300 MiB request in a freed 512 MiB region gets 300 MiB."""
+    bfc = BFCAllocator()
+    big, chunk = bfc.alloc(512 << 20)
+    assert chunk == 512 << 20
+    bfc.release(big)
+    assert bfc.alloc(300 << 20)[1] == 300 << 20  # 212 MiB of waste: split
+    bfc.release(bfc.alloc(1 << 20)[0])
+    small = BFCAllocator()
+    small.release(small.alloc(256 << 20)[0])
+    assert small.alloc(129 << 20)[1] == 256 << 20  # 127 MiB of waste, under twice the request: handed out whole

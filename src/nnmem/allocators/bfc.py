@@ -2,7 +2,8 @@
 
 Rules from ``tensorflow/core/common_runtime/bfc_allocator.h`` and ``bfc_allocator.cc``: requests round up to
 256 B; the smallest free chunk that fits serves a request and is split only when it is at least twice the
-request; a freed chunk merges with free neighbours of its region; a new region is added when nothing fits.
+request or would waste 128 MiB; a freed chunk merges with free neighbours of its region; a new region is added
+when nothing fits.
 The TensorFlow frontend (``nnmem.frontends.keras.tensorflow``) feeds it the step's buffers to learn the
 allocator level. Imports no framework.
 """
@@ -12,10 +13,16 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Sequence
 
-__all__ = ["BFC_MIN_ALLOCATION", "BFC_STEPS", "BFCAllocator", "bfc_round", "steady_state_chunks"]
+__all__ = ["BFC_MAX_INTERNAL_FRAGMENTATION", "BFC_MIN_ALLOCATION", "BFC_STEPS", "BFCAllocator", "bfc_round",
+           "steady_state_chunks"]
 
 BFC_MIN_ALLOCATION = 256
 """bfc_allocator.h: ``kMinAllocationSize = 256``, in bytes; every chunk is a multiple."""
+
+BFC_MAX_INTERNAL_FRAGMENTATION = 128 << 20
+"""bfc_allocator.cc, ``BFCAllocator::AllocateRawInternal``: a chunk is also split when handing it out whole would
+waste at least this many bytes (``max_internal_fragmentation_bytes``, 128 MiB unless ``fragmentation_fraction``
+is set)."""
 
 BFC_FIRST_REGION = 2 << 20
 """bfc_allocator.cc, ``BFCAllocator::BFCAllocator``: with ``allow_growth`` the first region is 2 MiB, in bytes."""
@@ -39,9 +46,9 @@ class BFCAllocator:
     """TensorFlow's BFC allocator for one device, replayed: which chunk each request gets, and the bytes in use.
 
     A request is rounded up to 256 B and served by the smallest free chunk that fits (ties: lowest address;
-    ``BFCAllocator::FindChunkPtr`` over bins sorted by size, then address); the chunk is split only when it
-    is at least twice the request (``kMaxInternalFragmentationInBytes``, 128 MiB of waste, also splits it in
-    TensorFlow and is not modelled), otherwise the whole chunk is handed out and counts as in use. Freed
+    ``BFCAllocator::FindChunkPtr`` over bins sorted by size, then address); the chunk is split when it is at
+    least twice the request or would waste :data:`BFC_MAX_INTERNAL_FRAGMENTATION`, otherwise the whole chunk is
+    handed out and counts as in use. Freed
     chunks merge with free neighbours of the same region (``FreeAndMaybeCoalesce``). With no fitting chunk a
     region is added (``Extend``): ``curr_region_allocation_bytes_``, 2 MiB at first with ``allow_growth``,
     doubled until the request fits, and doubled after each extension that did not need doubling.
@@ -87,7 +94,7 @@ class BFCAllocator:
             at = bisect_left(self.free, (want, -1))
         size, addr = self.free[at]
         size, region = self._take_free(addr)
-        if size >= 2 * want:
+        if size >= 2 * want or size - want >= BFC_MAX_INTERNAL_FRAGMENTATION:
             self._add_free(addr + want, size - want, region)
             size = want
         self.chunks[addr] = [size, 1, region]

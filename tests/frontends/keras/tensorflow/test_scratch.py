@@ -135,3 +135,32 @@ def test_eigen_conv_backprop_and_half_matmul_scratch_match_tensorflow() -> None:
     by_case = {case: scratch_bytes for case, _, _, scratch_bytes in rises}
     assert by_case["filter 3x3x3x32, 8x32x32"] > 8 * 32 * 32 * 27 * 2  # sized to the working set, not the batch
     assert by_case["input 3x3x32x64, 1x16x16"] == 16 * 16 * 288 * 2  # one image's patches
+
+
+def _bfc_in_use_after(first_mib: int, second_mib: int) -> int:
+    """In a fresh TensorFlow with the BFC allocator on the CPU: the bytes in use once a ``first_mib`` tensor was
+    freed and a ``second_mib`` one made in its place."""
+    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf_child
+
+    first = tf_child.zeros((first_mib << 18,), tf_child.float32)
+    del first
+    before = tf_child.config.experimental.get_memory_info("CPU:0")["current"]
+    second = tf_child.zeros((second_mib << 18,), tf_child.float32)
+    now = tf_child.config.experimental.get_memory_info("CPU:0")["current"]
+    del second
+    return int(now - before)
+
+
+@pytest.mark.parametrize(("first", "second"), [(512, 300), (256, 129)])
+def test_the_bfc_model_splits_chunks_where_tensorflow_does(first: int, second: int) -> None:
+    """A freed 512 MiB region serves 300 MiB split off (the whole chunk would waste 212 MiB, over TensorFlow's
+    128 MiB), a freed 256 MiB one serves 129 MiB whole (127 MiB of waste, under twice the request)."""
+    from nnmem.allocators.bfc import BFCAllocator
+    from nnmem.runner.child import run_in_child
+
+    model = BFCAllocator()
+    model.release(model.alloc(first << 20)[0])
+    measured = run_in_child(lambda: _bfc_in_use_after(first, second), timeout_s=120)
+    assert measured == model.alloc(second << 20)[1]
