@@ -58,6 +58,20 @@ def test_explain_training_versus_inference() -> None:
     assert dict(exp.saved_per_sample) == {"1": 512, "3": 256, "4": 40}
 
 
+def test_explain_figures_add_up_to_the_peak_at_the_answer() -> None:
+    """Fixed bytes plus the batch times the bytes per sample is the peak at the largest batch, each split into
+    categories that sum to it; the peak there is measured."""
+    exp = nnmem.explain(_mlp(), (torch.randn(8, 256),), budget="8MiB", optimizer="adam")
+    for figures, mode in ((exp.train, "train"), (exp.infer, "infer")):
+        fit = figures.fit
+        assert fit is not None and figures.at_batch == fit.batch
+        assert sum(figures.fixed_by_category.values()) == figures.fixed_bytes
+        assert sum(figures.per_sample_by_category.values()) == figures.per_sample_bytes
+        told = figures.fixed_bytes + fit.batch * figures.per_sample_bytes
+        measured = _measured(_mlp(), fit.batch, mode, "adam")
+        assert abs(told - measured) <= fit.batch / 2, (mode, told, measured)
+
+
 def test_bad_budget() -> None:
     with pytest.raises(nnmem.ConfigError, match="memory size"):
         nnmem.max_batch(_mlp(), (torch.randn(8, 256),), budget="16 gigs")

@@ -15,7 +15,7 @@ from nnmem.trace import Trace
 from nnmem.units import parse_size
 from nnmem.whatif.accumulation import Accumulation, fewest_micro_steps
 from nnmem.whatif.batch import BatchCurve, FitResult, Fits, fit_curve, search_max_batch
-from nnmem.whatif.explain import Explanation, mode_figures
+from nnmem.whatif.explain import Explanation, mode_figures, reading_batches
 
 __all__ = ["batch_curve", "max_batch", "fit", "explain", "micro_batches"]
 
@@ -123,7 +123,8 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
     Args:
         batch: read each mode's figures at the segment that decides the peak at this batch. Default: at the
             largest batch within the budget when one is given, else the segment that grows fastest with the
-            batch (the one deciding at large batches).
+            batch (the one deciding at large batches). The figures are the slope and intercept between half
+            that batch and that batch (:func:`~nnmem.whatif.explain.reading_batches`), traced.
         budget: optional; with it (or a catalog device) both max batches are searched.
     """
     budget_bytes = _budget(budget, device)[0] if budget is not None or device.lower() != "cpu" else None
@@ -141,7 +142,11 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
         result = (search_max_batch(trace_at, budget_bytes, "allocator", progress=progress,
                                    peak_of=frontend.peak_of(request))
                   if budget_bytes is not None else None)
-        figures[mode] = mode_figures(mode, curve, trace_at(b1), trace_at(b2), batch, result)
+        lo, hi = reading_batches(result, batch, (b1, b2))
+        near = fit_curve(trace_at(lo), trace_at(hi), lo, hi, "allocator") if (lo, hi) != (b1, b2) else None
+        if near is None:  # the kernels change between the two batches: read at the small ones
+            lo, hi, near = b1, b2, curve
+        figures[mode] = mode_figures(mode, near, trace_at(lo), trace_at(hi), batch, result)
         if mode == "train":
             gradient_bytes = _saved_per_sample(trace_at(b1), trace_at(b2), b2 - b1, device, saved)
     ordered = tuple(sorted(saved.items(), key=lambda item: -item[1]))

@@ -18,7 +18,7 @@ from nnmem.report.compare import Comparison
 from nnmem.report.model import LayerRow, Report
 from nnmem.units import format_bytes
 from nnmem.whatif.batch import FitResult, batch_ratio
-from nnmem.whatif.explain import Explanation
+from nnmem.whatif.explain import Explanation, ModeFigures
 
 __all__ = [
     "IEC_NOTE",
@@ -262,9 +262,21 @@ def render_fits(fits: Iterable[tuple[str, FitResult]], *, budget_label: str, lev
     return _render(*lines, width=width)
 
 
-def _per_sample_list(items: dict[str, int], limit: int = 4) -> str:
-    parts = [f"{c} {format_bytes(b)}" for c, b in sorted(items.items(), key=lambda kv: -kv[1]) if b > 0][:limit]
+def _parts_list(items: dict[str, int], limit: int = 4) -> str:
+    """Categories largest first, the smallest beyond ``limit`` summed as "other": the parts add up to the total
+    (a negative part is the allocator reusing chunks at the larger batch)."""
+    ranked = sorted(items.items(), key=lambda kv: -abs(kv[1]))
+    shown, rest = ranked[:limit], ranked[limit:]
+    if len(rest) == 1:
+        shown, rest = ranked, []
+    parts = [f"{c} {_signed(b)}" for c, b in shown]
+    if rest and sum(b for _, b in rest):
+        parts.append(f"other {_signed(sum(b for _, b in rest))}")
     return ", ".join(parts) or "nothing"
+
+
+def _signed(nbytes: int) -> str:
+    return format_bytes(nbytes) if nbytes >= 0 else f"−{format_bytes(-nbytes)}"
 
 
 def _fit_batch(fit: FitResult) -> str:
@@ -288,16 +300,28 @@ def _gradients_at_peak(exp: Explanation) -> str:
             "layer from the output back, and the layers it has not reached yet have none yet.")
 
 
+def _holds(name: str, figures: ModeFigures) -> str:
+    """One mode's peak as fixed bytes plus bytes per sample, each split by category (the parts add up)."""
+    where = f"At batch {figures.at_batch:,}, {name}'s peak" if figures.at_batch else f"At its peak, {name}"
+    text = (f"{where} holds {format_bytes(figures.fixed_bytes)} whatever the batch "
+            f"({_parts_list(figures.fixed_by_category)}) and {format_bytes(figures.per_sample_bytes)} per sample "
+            f"({_parts_list(figures.per_sample_by_category)}).")
+    fit = figures.fit
+    if figures.at_batch and fit is not None and fit.batch == figures.at_batch:
+        told = figures.fixed_bytes + figures.at_batch * figures.per_sample_bytes
+        if fit.peak_bytes > told * 1.005:  # TensorFlow: the search holds the range's high end to the budget
+            text += (f" The search holds the budget to {format_bytes(fit.peak_bytes)} there, the highest peak over "
+                     f"the op orders the executor may run, {format_bytes(fit.peak_bytes - told)} above the order "
+                     "these figures describe.")
+    return text
+
+
 def render_explanation(exp: Explanation, *, model: str, width: int = 120) -> str:
     """Training next to inference in plain sentences with the model's own figures."""
     train, infer = exp.train, exp.infer
     lines = [f"why training and inference of {model} fit different batch sizes", ""]
-    lines.append(f"At its peak, training holds {format_bytes(train.fixed_bytes)} whatever the batch "
-                 f"({_per_sample_list(train.fixed_by_category)}) and {format_bytes(train.per_sample_bytes)} "
-                 f"more per sample ({_per_sample_list(train.per_sample_by_category)}).")
-    lines.append(f"At its peak, inference holds {format_bytes(infer.fixed_bytes)} whatever the batch "
-                 f"({_per_sample_list(infer.fixed_by_category)}) and {format_bytes(infer.per_sample_bytes)} "
-                 f"more per sample ({_per_sample_list(infer.per_sample_by_category)}).")
+    lines.append(_holds("training", train))
+    lines.append(_holds("inference", infer))
     lines.append(f"A training sample costs {exp.per_sample_ratio:.1f}× an inference sample.")
     lines.append("")
     lines.append(f"The gradients take {format_bytes(exp.gradient_bytes)} in all: the size of the trainable "

@@ -10,7 +10,7 @@ from nnmem.simulate import _live_at
 from nnmem.trace import Category, Trace
 from nnmem.whatif.batch import BatchCurve, FitResult, batch_ratio
 
-__all__ = ["ModeFigures", "Explanation", "mode_figures", "deciding_op"]
+__all__ = ["ModeFigures", "Explanation", "deciding_op", "mode_figures", "reading_batches"]
 
 _FIXED = ("parameters", "buffers", "gradients", "optimizer state")
 
@@ -22,13 +22,17 @@ class ModeFigures:
     Attributes:
         mode: "train" or "infer".
         fixed_bytes: bytes at the peak that do not depend on the batch.
-        per_sample_bytes: bytes the peak grows by per sample (the slope of the deciding segment).
-        per_sample_by_category: the per-sample bytes split by category, at the peak.
-        fixed_by_category: the fixed bytes split by category, at the peak.
+        per_sample_bytes: bytes per sample at the peak: at ``at_batch``, the rest of the peak there divided by
+            it; without one, the slope of the deciding segment.
+        per_sample_by_category: the per-sample bytes split by category, at the peak; they sum to
+            ``per_sample_bytes``.
+        fixed_by_category: the fixed bytes split by category, at the peak; they sum to ``fixed_bytes``.
         fit: the largest batch within the budget, when one was given.
         peak_phase: the phase of the op that decides the peak ("forward", "backward", "optimizer"; "" before
             the first op).
         peak_layer: the layer that op ran for ("" when none).
+        at_batch: the batch the figures were read at (the peak there is fixed + at_batch × per-sample), or
+            None where they are the deciding segment's intercept and slope between two small batches.
     """
 
     mode: str
@@ -39,6 +43,7 @@ class ModeFigures:
     fit: FitResult | None
     peak_phase: str = ""
     peak_layer: str = ""
+    at_batch: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -46,7 +51,7 @@ class ModeFigures:
                 "per_sample_by_category": dict(self.per_sample_by_category),
                 "fixed_by_category": dict(self.fixed_by_category),
                 "fit": self.fit.to_dict() if self.fit is not None else None,
-                "peak_phase": self.peak_phase, "peak_layer": self.peak_layer}
+                "peak_phase": self.peak_phase, "peak_layer": self.peak_layer, "at_batch": self.at_batch}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,25 +114,65 @@ def _categories_at(trace: Trace, series_index: int, level: str) -> dict[str, int
     return cats
 
 
+def reading_batches(fit: FitResult | None, batch: int | None, default: tuple[int, int]) -> tuple[int, int]:
+    """The two batches a mode's figures are read from: half and all of the batch they explain.
+
+    At the largest batch that fits (or the ``batch`` asked about) when it is at least twice ``default``'s
+    larger one, so that the per-sample and fixed bytes are the slope and intercept where the answer lies, not
+    at batch 2 and 4, where an allocator's rounding of small tensors weighs as much as the tensors themselves;
+    else ``default``.
+    """
+    at = fit.batch if fit is not None and fit.batch else batch
+    if at is None or at < 2 * default[1]:
+        return default
+    return at // 2, at
+
+
 def mode_figures(mode: str, curve: BatchCurve, first: Trace, second: Trace, batch: int | None,
                  fit: FitResult | None) -> ModeFigures:
     """Figures of one mode from its fitted curve and the two traces it was fitted from.
 
+    At the batch explained (the largest that fits, or ``batch``) when ``second`` was traced at it: the fixed
+    bytes are the parameters, buffers, gradients and optimizer state live at the deciding op, the same at every
+    batch, and the per-sample bytes the rest of the peak there divided by the batch, so that fixed + batch ×
+    per-sample is the peak. Otherwise the slope and intercept of the deciding segment. Either way the categories
+    add up to the figures, to the byte: what the level holds beyond the blocks' bytes (the allocator's rounding,
+    chunks handed out whole or reused) is :attr:`Category.ALLOCATOR_CACHE`'s share.
+
     Args:
         batch: read the segment that decides the peak at this batch; None: the steepest segment.
     """
-    index = deciding_op(curve, fit.batch if fit is not None and fit.batch else batch)
+    at = fit.batch if fit is not None and fit.batch else batch
+    index = deciding_op(curve, at)
     b1, b2 = curve.batches
-    c1, c2 = _categories_at(first, index, curve.level), _categories_at(second, index, curve.level)
-    per_cat: dict[str, int] = {}
-    fixed_cat: dict[str, int] = {}
-    for cat in dict.fromkeys([*c1, *c2]):
-        v1, v2 = c1.get(cat, 0), c2.get(cat, 0)
-        slope = (v2 - v1) / (b2 - b1)
-        if round(slope):
-            per_cat[cat] = int(round(slope))
-        if cat in _FIXED and round(v1 - slope * b1):
-            fixed_cat[cat] = int(round(v1 - slope * b1))
+    c2 = _categories_at(second, index, curve.level)
+    if at == b2:
+        total = curve.intercepts[index] + curve.slopes[index] * b2
+        fixed_cat = {cat: v for cat, v in c2.items() if cat in _FIXED and v}
+        fixed_bytes = sum(fixed_cat.values())
+        per_sample = int(round((total - fixed_bytes) / b2))
+        per_cat = _summing({cat: v / b2 for cat, v in c2.items() if cat not in _FIXED}, per_sample)
+    else:
+        c1 = _categories_at(first, index, curve.level)
+        slopes: dict[str, float] = {}
+        fixed: dict[str, float] = {}
+        for cat in dict.fromkeys([*c1, *c2]):
+            v1, v2 = c1.get(cat, 0), c2.get(cat, 0)
+            slopes[cat] = (v2 - v1) / (b2 - b1)
+            fixed[cat] = v1 - slopes[cat] * b1
+        per_sample, fixed_bytes = int(round(curve.slopes[index])), int(round(curve.intercepts[index]))
+        per_cat, fixed_cat = _summing(slopes, per_sample), _summing(fixed, fixed_bytes)
     op = first.ops[index - 1] if index > 0 else None
-    return ModeFigures(mode, int(round(curve.intercepts[index])), int(round(curve.slopes[index])), per_cat,
-                       fixed_cat, fit, op.phase.value if op is not None else "", op.layer if op is not None else "")
+    return ModeFigures(mode, fixed_bytes, per_sample, per_cat, fixed_cat, fit,
+                       op.phase.value if op is not None else "", op.layer if op is not None else "",
+                       at if at == b2 else None)
+
+
+def _summing(parts: dict[str, float], total: int) -> dict[str, int]:
+    """``parts`` rounded to bytes, the difference to ``total`` in :attr:`Category.ALLOCATOR_CACHE`; zeros left
+    out."""
+    out = {cat: int(round(v)) for cat, v in parts.items()}
+    rest = total - sum(out.values())
+    cache = Category.ALLOCATOR_CACHE.value
+    out[cache] = out.get(cache, 0) + rest
+    return {cat: v for cat, v in out.items() if v}

@@ -115,6 +115,13 @@ def test_explain_answers_for_both_modes() -> None:
     assert fits[0] is not None and fits[1] is not None
     assert fits[1].batch > fits[0].batch > 0
     assert explanation.train.per_sample_bytes > 0 and explanation.infer.per_sample_bytes > 0
+    for figures in (explanation.train, explanation.infer):  # the parts add up, read where the answer lies
+        assert figures.fit is not None and figures.at_batch == figures.fit.batch
+        assert sum(figures.fixed_by_category.values()) == figures.fixed_bytes
+        assert sum(figures.per_sample_by_category.values()) == figures.per_sample_bytes
+        assert set(figures.fixed_by_category) <= {"parameters", "buffers", "gradients", "optimizer state"}
+    params = explanation.infer.fixed_by_category["parameters"]
+    assert explanation.train.fixed_by_category["gradients"] <= explanation.gradient_bytes == params
 
 
 def test_cli_refuses_a_lambda_layer_and_estimates_a_plain_file(tmp_path: object) -> None:
