@@ -11,7 +11,7 @@ from nnmem.errors import ConfigError, UnsupportedError
 from nnmem.frontends.base import Frontend, StepRequest, resolve
 from nnmem.report.model import report_from_trace
 from nnmem.simulate import simulate
-from nnmem.trace import Trace
+from nnmem.trace import Category, Trace
 from nnmem.units import parse_size
 from nnmem.whatif.accumulation import Accumulation, fewest_micro_steps
 from nnmem.whatif.batch import BatchCurve, FitResult, Fits, fit_curve, search_max_batch
@@ -130,7 +130,7 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
     budget_bytes = _budget(budget, device)[0] if budget is not None or device.lower() != "cpu" else None
     figures = {}
     saved: dict[str, int] = {}
-    gradient_bytes = 0
+    gradient_bytes, labelled = 0, True
     b1, b2 = CURVE_BATCHES
     for mode in ("train", "infer"):
         request = step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
@@ -149,9 +149,10 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
         figures[mode] = mode_figures(mode, near, trace_at(lo), trace_at(hi), batch, result)
         if mode == "train":
             gradient_bytes = _saved_per_sample(trace_at(b1), trace_at(b2), b2 - b1, device, saved)
+            labelled = any(b.category is Category.GRADIENTS for b in trace_at(b1).blocks)
     ordered = tuple(sorted(saved.items(), key=lambda item: -item[1]))
     return Explanation(figures["train"], figures["infer"], gradient_bytes, ordered, budget_bytes,
-                       model=request.name)
+                       model=request.name, gradients_labelled=labelled)
 
 
 def _saved_per_sample(first: Trace, second: Trace, step: int, device: str, saved: dict[str, int]) -> int:
@@ -162,6 +163,8 @@ def _saved_per_sample(first: Trace, second: Trace, step: int, device: str, saved
         per_sample = (row2.saved_bytes - row1.saved_bytes) // step
         if per_sample > 0:
             saved[row1.path or "(model)"] = per_sample
+    if "trainable_bytes" in first.meta:  # the trace's framework knows which weights train (Keras)
+        return int(first.meta["trainable_bytes"])  # type: ignore[call-overload]
     return sum(row.parameter_bytes for row in r1.layers if row.parameters) if "gradients" in r1.breakdown else 0
 
 

@@ -291,6 +291,9 @@ def _gradients_at_peak(exp: Explanation) -> str:
     at = f"At the training peak ({where})" if where else "At the training peak"
     if not total:
         return ""
+    if not exp.gradients_labelled:
+        return (f"{at} the compiled step's buffers do not say which hold gradients: they are counted among its "
+                "temporaries.")
     if live >= total:
         return f"{at} all of them are live."
     if not live:

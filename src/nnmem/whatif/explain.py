@@ -65,6 +65,8 @@ class Explanation:
         saved_per_sample: per layer, bytes saved for backward per sample (largest first).
         budget_bytes: the budget the fits answer to, if any.
         model: the model's name.
+        gradients_labelled: the trace tells gradients from other buffers (not on JAX, where XLA's buffers of the
+            compiled step carry no such label: its gradients are among its temporaries).
     """
 
     train: ModeFigures
@@ -73,6 +75,7 @@ class Explanation:
     saved_per_sample: tuple[tuple[str, int], ...]
     budget_bytes: int | None
     model: str = ""
+    gradients_labelled: bool = True
 
     @property
     def batch_ratio(self) -> float | None:

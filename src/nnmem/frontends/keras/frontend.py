@@ -8,11 +8,13 @@ Estimates and measurements are CPU steps at the allocator level.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 
 from nnmem import cpu
 from nnmem.errors import ConfigError, UnsupportedError
@@ -67,6 +69,8 @@ def _meta(step: KerasStep, batch: int | None) -> dict[str, object]:
                                "dtype_policy": str(step.model.dtype_policy.name), **cpu.describe().meta()}
     if step.mode == "train":
         meta["optimizer"] = optimizer_label(step.model)
+        meta["trainable_bytes"] = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize
+                                      for v in step.model.trainable_weights)
     return meta
 
 
