@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["CpuInfo", "ISA_LADDER", "describe", "parse_cpuinfo", "onednn_isa", "aten_capability", "from_text"]
+__all__ = ["CpuInfo", "ISA_LADDER", "describe", "parse_cpuinfo", "onednn_isa", "aten_capability", "from_text",
+           "schedulable_cpus"]
 
 UNKNOWN = "unknown"
 
@@ -249,3 +250,12 @@ def _torch_capability() -> str | None:
         return str(torch.backends.cpu.get_cpu_capability())
     except (AttributeError, RuntimeError):
         return None
+
+
+def schedulable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask; else the machine's count): the default size of
+    TensorFlow's inter- and intra-op pools (``port::MaxParallelism``, ``NumSchedulableCPUs``) and of XLA:CPU's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)

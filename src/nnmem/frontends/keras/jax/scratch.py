@@ -11,11 +11,11 @@ counted with the malloc counter of :mod:`nnmem.frontends.keras.jax.measure` on s
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from nnmem.cpu import schedulable_cpus
 from nnmem.frontends.keras.jax.hlo import (
     NO_BUFFER,
     Conv,
@@ -63,10 +63,7 @@ _PER_ALIASED = 1_403
 
 def _threads() -> int:
     """Worker threads of XLA:CPU's pool: the CPUs this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    return schedulable_cpus()
 
 
 # ---- inside a YNNPACK fusion (xla/backends/cpu/runtime/ynnpack/ynn_fusion_thunk.cc runs it as a YNNPACK

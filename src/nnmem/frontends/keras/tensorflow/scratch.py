@@ -11,6 +11,7 @@ An op type without a rule gets a new buffer of its static shape and no scratch.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -20,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from nnmem.allocators.bfc import bfc_round
+from nnmem.cpu import describe, schedulable_cpus
 
 __all__ = ["RULES", "VIEWS", "KernelRule", "Memory", "eigen_fallback_note", "eigen_path", "onednn_enabled",
            "onednn_takes", "rule_of", "scratch_bytes", "tensor_bytes"]
@@ -122,28 +124,20 @@ over shards of images rather than one parallel contraction per image."""
 def intra_op_threads() -> int:
     """Threads of TensorFlow's intra-op pool (``tensorflow_cpu_worker_threads``): as set, else one per CPU this
     process may run on (``port::MaxParallelism``)."""
-    import os
-
     set_threads = tf.config.threading.get_intra_op_parallelism_threads()
-    if set_threads > 0:
-        return int(set_threads)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return int(set_threads) if set_threads > 0 else schedulable_cpus()
 
 
 def onednn_enabled() -> bool:
     """Whether TensorFlow's oneDNN graph rewrite is on in this process (``TF_ENABLE_ONEDNN_OPTS``, on by default
     on x86 Linux)."""
-    import os
-
     return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() not in ("0", "false")
 
 
 def eigen_path(dtype: Any) -> bool:
     """Whether this process's TensorFlow runs the oneDNN-rewritable kernels of ``dtype`` as its own Eigen
     kernels: oneDNN is off (``TF_ENABLE_ONEDNN_OPTS=0``) or does not take the dtype on this CPU."""
-    from nnmem import cpu
-
-    return not onednn_enabled() or not onednn_takes(dtype, cpu.describe().flags)
+    return not onednn_enabled() or not onednn_takes(dtype, describe().flags)
 
 
 def conv_backprop_col_bytes(op: Any, threads: int | None = None) -> int:

@@ -14,13 +14,13 @@ blocks. The low end is the bytes requested (no allocator waste), the high end th
 
 from __future__ import annotations
 
-import os
 from contextlib import suppress
 from typing import Any
 
 import tensorflow as tf
 
 from nnmem.allocators.bfc import bfc_round, steady_state_chunks
+from nnmem.cpu import schedulable_cpus
 from nnmem.errors import TraceError
 from nnmem.frontends.keras.tensorflow.replay import Replay, functions_of
 from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_pool_timeline, executor_timeline, executor_waves
@@ -46,12 +46,7 @@ def inter_op_threads() -> int:
     """Threads of TensorFlow's inter-op pool in this process: the configured number, else TensorFlow's
     default, the CPUs the process may run on (``port::MaxParallelism``, ``NumSchedulableCPUs``)."""
     configured = tf.config.threading.get_inter_op_parallelism_threads()
-    if configured > 0:
-        return int(configured)
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return int(configured) if configured > 0 else schedulable_cpus()
 
 
 def peak_in_use(resident: int, chunks: list[int], alloc_at: list[int], free_at: list[int],
