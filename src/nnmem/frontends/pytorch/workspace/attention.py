@@ -17,7 +17,13 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, alloc_peak, aten, dtype_name
-from nnmem.frontends.pytorch.workspace.matmul import onednn_matmul
+from nnmem.frontends.pytorch.workspace.matmul import (
+    MODELLED_ISA,
+    MODELLED_THREADS,
+    OnednnMatmul,
+    brgemm_scratchpad,
+    onednn_matmul,
+)
 
 _REDUCED = (torch.float16, torch.bfloat16)
 
@@ -188,7 +194,8 @@ def rule_flash_attention_cpu_backward(args: tuple[Any, ...], kwargs: dict[str, A
                                       training: bool, info: CpuInfo) -> int:
     """``_scaled_dot_product_flash_attention_for_cpu_backward``: ``grad_out`` made contiguous in the kernel's
     [B, L, H, E] order, per-thread scores and grad-scores blocks (accumulate type, and input type for
-    float16/bfloat16), and the calling thread's row sums (worker threads allocate theirs outside the profiler)."""
+    float16/bfloat16), the calling thread's row sums (worker threads allocate theirs outside the profiler), and
+    for bfloat16 the largest oneDNN scratchpad of its block gemms (:func:`flash_backward_gemm_scratch`)."""
     grad_out, query, key = args[0], args[1], args[2]
     if query.dim() != 4 or query.numel() == 0:
         return 0
@@ -198,7 +205,48 @@ def rule_flash_attention_cpu_backward(args: tuple[Any, ...], kwargs: dict[str, A
     copy = 0 if grad_out.transpose(1, 2).is_contiguous() else grad_out.numel() * grad_out.element_size()
     buf = threads * 2 * q_split * kv_split * acc
     reduced = threads * 2 * q_split * kv_split * query.element_size() if query.dtype in _REDUCED else 0
-    return copy + buf + reduced + q_split * acc
+    gemms = flash_backward_gemm_scratch(query, key, _flash_scale(args, kwargs), info) or 0
+    return copy + buf + reduced + q_split * acc + gemms
+
+
+def _flash_scale(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float | None:
+    """The backward's ``scale`` argument, keyword-only (None: the default, 1 / sqrt(head size))."""
+    scale = kwargs.get("scale")
+    return None if scale is None else float(scale)
+
+
+def flash_backward_gemm_scratch(query: torch.Tensor, key: torch.Tensor, scale: float | None,
+                                info: CpuInfo) -> int | None:
+    """The largest oneDNN scratchpad among the reduced-precision flash backward's block gemms, in bytes; 0 where
+    none goes to oneDNN; None where they do and no rule models them (the note says so).
+
+    FlashAttentionKernel.cpp ``cpu_flash_attention_backward`` multiplies per block of ``q_split`` query and
+    ``kv_split`` key rows: ``grad_v += grad_out^T attn``, ``grad_q += scale · grad_attn k``, ``grad_k += scale ·
+    grad_attn^T q`` into the bfloat16 gradients (CPUBlas.cpp ``gemm`` → Matmul.cpp ``mkldnn_bf16_gemm`` above
+    16^3: an ideep matmul with a sum post-op, ``C^T = B^T A^T``, its scratchpad one block per call, sized for
+    ``torch.get_num_threads()`` threads: :func:`.matmul.brgemm_scratchpad`), plus a 4 B dst scale where
+    ``scale != 1``. The scores and their gradient accumulate in float32 through ATen's own gemm (no
+    scratchpad). Calls run one after another on the calling thread: the peak holds the largest. Measured exact
+    on seeded shapes at 1-4 threads (tests/frontends/pytorch/test_flash_scratch.py).
+    """
+    if query.dtype not in _REDUCED or query.dim() != 4:
+        return 0
+    e = int(query.shape[3])
+    q_split, kv_split = _flash_blocks(int(query.shape[2]), int(key.shape[2]))
+    alpha = scale if scale is not None else e ** -0.5
+    # (m, n, k, B transposed, scaled) of cpublas::gemm for grad_v, grad_q, grad_k
+    gemms = [(e, kv_split, q_split, True, False), (e, q_split, kv_split, False, True),
+             (e, kv_split, q_split, True, True)]
+    gemms = [g for g in gemms if onednn_matmul(query.dtype, g[0] * g[2], g[1], info)]
+    if not gemms:
+        return 0
+    threads = torch.get_num_threads()
+    if query.dtype != torch.bfloat16 or info.isa != MODELLED_ISA or threads not in MODELLED_THREADS:
+        return None
+    sizes = [brgemm_scratchpad(OnednnMatmul(n, k, m, 1, transposed), threads) for m, n, k, transposed, _ in gemms]
+    if any(size is None for size in sizes):
+        return None
+    return max((size or 0) + (4 if scaled and alpha != 1.0 else 0) for size, (*_, scaled) in zip(sizes, gemms))
 
 
 def _flash_mask_ok(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> bool:
@@ -274,7 +322,8 @@ def attention_note(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], inf
     The fused kernels' projections run through oneDNN where its matmul takes the type (matmul.py
     ``onednn_matmul``), whose reorders no rule models; float16 flash attention packs K and V through
     oneDNN's brgemm on CPUs with AMX-FP16 (FlashAttentionKernel.cpp ``could_pack``, ``cpublas::need_pack``);
-    the reduced-precision backward's block gemms above 16^3 go to oneDNN (CPUBlas.cpp ``mkldnn_bf16_gemm``).
+    the reduced-precision backward's block gemms above 16^3 go to oneDNN (CPUBlas.cpp ``mkldnn_bf16_gemm``),
+    modelled for bfloat16 where the matmul scratchpad is (:func:`flash_backward_gemm_scratch`).
     """
     if func in _FUSED:
         x, w = args[0], args[3]
@@ -290,8 +339,7 @@ def attention_note(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], inf
             return f"float16 flash attention with oneDNN packing (ISA {info.isa}): {NOT_MODELLED}"
     elif func is _FLASH[1] and args[1].dtype in _REDUCED and args[1].dim() == 4:
         query, key = args[1], args[2]
-        q_split, kv_split = _flash_blocks(int(query.shape[2]), int(key.shape[2]))
-        if onednn_matmul(query.dtype, q_split * int(query.shape[3]), kv_split, info):
+        if flash_backward_gemm_scratch(query, key, _flash_scale(args, kwargs), info) is None:
             return (f"{dtype_name(query.dtype)} flash attention backward through oneDNN's gemm (ISA {info.isa}): "
                     f"{NOT_MODELLED}")
     return None
