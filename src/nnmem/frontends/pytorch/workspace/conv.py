@@ -22,6 +22,7 @@ from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forw
 from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward, conv_transpose_forward
 from nnmem.frontends.pytorch.workspace.conv_select import (
     ConvCall,
+    bf16_forward_modelled,
     conv_backend,
     conv_call,
     onednn_3d_forward,
@@ -39,7 +40,9 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
     backend = conv_backend(call, info)
     if backend == "slow2d":
         return slow2d_forward(call, nbytes(out))
-    if call.dtype != torch.float32 or len(call.x_shape) != 4 and not onednn_3d_forward(call, backend):
+    if call.dtype != torch.float32 and not bf16_forward_modelled(call, info):
+        return 0  # not modelled: conv_note says so
+    if len(call.x_shape) != 4 and not onednn_3d_forward(call, backend):
         return 0  # not modelled: conv_note says so
     if backend == "mkldnn" and onednn_nhwc(call):
         if call.one_d:  # the 4-D views ATen hands oneDNN

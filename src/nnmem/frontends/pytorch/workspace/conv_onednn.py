@@ -25,9 +25,11 @@ def _conv_dims(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> tupl
 
 
 def _conv_weight_blocked(c: int, o: int, k: int, groups: int, e: int, b: int, small_ic: bool) -> int:
-    """Bytes of the weights reordered to oneDNN's blocked layout (OIhw16i16o, Acdb16a, Goihw16g)."""
+    """Bytes of the weights reordered to oneDNN's blocked layout (OIhw16i16o, Acdb16a, Goihw16g); bfloat16 weights
+    of a first-layer kernel pair their input channels for VNNI (Acdb16a2b-like: an odd count padded by one)."""
     if groups == 1:
-        return round_up(o, b) * (c if small_ic else round_up(c, b)) * k * e
+        small = round_up(c, 2) if e == 2 else c
+        return round_up(o, b) * (small if small_ic else round_up(c, b)) * k * e
     if groups == c == o:  # depthwise: groups padded to the block
         return round_up(groups, b) * k * e
     return o * (c // groups) * k * e  # grouped: measured equal to the dense weights (calibrate: g4 case)

@@ -108,6 +108,29 @@ def conv_call(x: torch.Tensor, weight: torch.Tensor, stride: Any = 1, padding: A
                     bool(transposed), output_padding, int(groups), dims == 1)
 
 
+BF16_ISA = "avx512_core_bf16"
+BF16_THREADS = (1, 2, 3, 4)
+"""Where bfloat16 forward convolutions were measured (tests/frontends/pytorch/test_conv_bf16.py, torch 2.13.0)."""
+
+
+def bf16_forward_modelled(call: ConvCall, info: CpuInfo) -> bool:
+    """Whether a bfloat16 convolution's scratch is the float32 forward's sequence with 2-byte elements
+    (:func:`.conv_onednn.conv_forward`: blocked source and weights, blocked destination, its dense copy), as
+    measured on oneDNN's ``avx512_core_bf16`` kernels at 1-4 threads: a dense (one group) NCHW forward in 1-D or
+    2-D with at least 2 input channels, a kernel larger than 1x1 and more than one output position. Other
+    bfloat16 convolutions (1x1, grouped, depthwise, channels-last, one input channel, one output position, 3-D,
+    transposed) and every backward measured otherwise and keep their note."""
+    if call.dtype != torch.bfloat16 or call.backward or call.transposed or call.groups != 1:
+        return False
+    if len(call.x_shape) != 4 or call.x_layout != "contiguous" or info.isa != BF16_ISA:
+        return False
+    if torch.get_num_threads() not in BF16_THREADS:
+        return False
+    out = [(x + 2 * p - d * (k - 1) - 1) // s + 1 for x, p, d, k, s in
+           zip(call.x_shape[2:], call.padding, call.dilation, call.w_shape[2:], call.stride)]
+    return call.x_shape[1] >= 2 and math.prod(call.w_shape[2:]) > 1 and math.prod(out) > 1
+
+
 def conv_backend(call: ConvCall, info: CpuInfo) -> str:
     """The CPU branch of ATen's ``_select_conv_backend`` (aten/src/ATen/native/Convolution.cpp).
 
@@ -253,7 +276,7 @@ def _brgemm_relo(call: ConvCall, info: CpuInfo) -> bool:
 def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     """Why this convolution's scratch is not modelled on this CPU, or None when a rule models it."""
     backend, kind = conv_backend(call, info), dtype_name(call.dtype)
-    if backend.startswith("mkldnn") and call.dtype != torch.float32:
+    if backend.startswith("mkldnn") and call.dtype != torch.float32 and not bf16_forward_modelled(call, info):
         return f"{kind} convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     # A channels-last input is modelled (the Keras-torch zoo's NHWC convolutions measure exact); other strides
     # are not.

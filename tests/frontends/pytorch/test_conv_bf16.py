@@ -1,0 +1,95 @@
+"""bfloat16 forward convolutions through oneDNN (workspace/conv_select.py ``bf16_forward_modelled``): the scratch
+of the float32 forward's sequence with 2-byte elements, against the profiler's measurement of the same op on
+seeded shapes, and a bfloat16 CNN's inference estimate against its measurement."""
+
+from __future__ import annotations
+
+import random
+
+import calibrate_workspace as calibrate
+import pytest
+import torch
+from torch import nn
+
+import nnmem
+from nnmem import cpu
+from nnmem.frontends.pytorch.workspace.conv_select import BF16_ISA, BF16_THREADS
+
+HOST = cpu.describe()
+BF16 = torch.bfloat16
+
+
+def _require_modelled_cpu() -> None:
+    if not torch.backends.mkldnn.is_available() or HOST.isa != BF16_ISA:
+        pytest.skip(f"bfloat16 convolutions are modelled on ISA {BF16_ISA}; this CPU runs oneDNN at {HOST.isa}")
+
+
+def _conv(rng: random.Random) -> tuple[nn.Module, torch.Tensor, bool]:
+    """A dense 1-D or 2-D bfloat16 convolution (channels 2-100, kernel 2-7, stride 1-3, dilation 1-2, with or
+    without bias and padding) and its input; whether it runs under inference mode (else no_grad)."""
+    c, o = rng.choice([2, 3, 8, 15, 16, 17, 32, 64, 100]), rng.choice([1, 8, 16, 24, 32, 64, 65])
+    k, s, d = rng.choice([2, 3, 5, 7]), rng.choice([1, 1, 2, 3]), rng.choice([1, 1, 2])
+    n, size = rng.choice([1, 2, 3, 4, 8]), rng.choice([7, 8, 14, 16, 28])
+    size = max(size, d * (k - 1) + 1)  # the kernel fits the input
+    pad, bias = rng.choice([0, d * (k // 2)]), rng.random() < 0.7
+    if rng.random() < 0.25:
+        return nn.Conv1d(c, o, k, s, pad, d, bias=bias).to(BF16), torch.randn(n, c, 4 * size, dtype=BF16), True
+    conv = nn.Conv2d(c, o, k, s, pad, d, bias=bias).to(BF16)
+    return conv, torch.randn(n, c, size, size, dtype=BF16), rng.random() < 0.5
+
+
+def test_bf16_forward_convolution_scratch_matches_measurement() -> None:
+    """Every seeded forward the rule claims (no note): its bytes equal the allocator's peak inside the op minus
+    its output, at 1-4 threads; most of them are claimed."""
+    _require_modelled_cpu()
+    rng, claimed, mismatches = random.Random(7), 0, []
+    before = torch.get_num_threads()
+    try:
+        for _ in range(40):
+            torch.set_num_threads(rng.choice(BF16_THREADS))
+            conv, x, inference = _conv(rng)
+
+            def step(conv: nn.Module = conv, x: torch.Tensor = x, inference: bool = inference) -> None:
+                with torch.inference_mode() if inference else torch.no_grad():
+                    conv(x)
+
+            for row in calibrate.measure_ops(step, training=False):
+                if "conv" not in row.name or row.note is not None:
+                    continue
+                claimed += 1
+                if row.predicted != row.scratch:
+                    mismatches.append(f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)}: measured "
+                                      f"{row.scratch:,} B, rule {row.predicted:,} B")
+    finally:
+        torch.set_num_threads(before)
+    assert not mismatches, "\n".join(mismatches)
+    assert claimed >= 30
+
+
+def test_bf16_convolutions_outside_the_measured_domain_keep_their_note() -> None:
+    """A 1x1, a grouped and a channels-last bfloat16 convolution, and every bfloat16 backward, are noted."""
+    _require_modelled_cpu()
+    x = torch.randn(2, 16, 8, 8, dtype=BF16)
+    for conv, inp in ((nn.Conv2d(16, 32, 1), x), (nn.Conv2d(16, 32, 3, groups=2), x),
+                      (nn.Conv2d(16, 32, 3), x.contiguous(memory_format=torch.channels_last))):
+        estimate = nnmem.estimate(conv.to(BF16), (inp,), mode="infer")
+        assert any("bfloat16 convolution" in n for n in estimate.notes), (conv, estimate.notes)
+    train = nnmem.estimate(nn.Conv2d(16, 32, 3).to(BF16), (x,), mode="train", optimizer="sgd")
+    assert any("bfloat16 convolution" in n for n in train.notes)
+
+
+def test_bf16_cnn_inference_estimate_matches_measurement() -> None:
+    """A bfloat16 CNN of dense 3x3 / 5x5 convolutions: no convolution note, the allocator peak within 0.5 %."""
+    _require_modelled_cpu()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3),
+                          nn.ReLU(), nn.Conv2d(64, 17, 3, stride=2), nn.Flatten(), nn.LazyLinear(10))
+    x = torch.randn(8, 3, 32, 32)
+    model(x)
+    model = model.to(BF16)
+    x = x.to(BF16)
+    estimate = nnmem.estimate(model, (x,), mode="infer")
+    measured = nnmem.measure(model, (x,), mode="infer")
+    assert not any("convolution" in n for n in estimate.notes), estimate.notes
+    e, m = estimate.peaks["allocator"], measured.peaks["allocator"]
+    assert abs(e - m) <= 0.005 * m, f"estimated {e:,} B, measured {m:,} B ({(e - m) / m:+.2%})"
