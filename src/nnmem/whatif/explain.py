@@ -94,7 +94,8 @@ class Explanation:
                 "gradient_bytes": self.gradient_bytes,
                 "per_sample_ratio": self.per_sample_ratio if math.isfinite(self.per_sample_ratio) else None,
                 "batch_ratio": ratio if ratio is None or math.isfinite(ratio) else None,
-                "budget_bytes": self.budget_bytes, "saved_per_sample": dict(self.saved_per_sample)}
+                "budget_bytes": self.budget_bytes, "saved_per_sample": dict(self.saved_per_sample),
+                "gradients_labelled": self.gradients_labelled}
 
 
 def deciding_op(curve: BatchCurve, batch: int | None) -> int:
