@@ -136,6 +136,11 @@ def _opt(optimizer: str | None) -> str | None:
     return optimizer.lower() if optimizer else None
 
 
+def _report_width() -> int:
+    """The terminal's width for a report, 80 to 160 columns: its per-layer table fits 80 (compact there)."""
+    return max(80, min(160, shutil.get_terminal_size((120, 24)).columns))
+
+
 def _width() -> int:
     """Render at the terminal's width, but never so narrow that the tables fold, nor wider than 160."""
     return max(120, min(160, shutil.get_terminal_size((120, 24)).columns))
@@ -163,9 +168,13 @@ def cli() -> None:
 
 @cli.command()
 @_step_options
+@click.option("--depth", type=PositiveIntType(), default=None, metavar="N",
+              help="Fold the per-layer table to this module depth (default: the deepest that keeps it short).")
+@click.option("--top", type=PositiveIntType(), default=None, metavar="N",
+              help="List only the N layers holding the most at the peak; the rest in one row.")
 def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
              device: str, budget: int | None, accumulate: int, checkpoint: str | None, precision: str | None,
-             zero_grad: str, as_json: bool) -> None:
+             zero_grad: str, as_json: bool, depth: int | None, top: int | None) -> None:
     """Estimate the peak memory of one step of MODEL, without running it.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
@@ -177,7 +186,7 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
     if as_json:
         click.echo(report.to_json(budget_bytes=budget))
         return
-    click.echo(render_report(report, width=_width()), nl=False)
+    click.echo(render_report(report, width=_report_width(), depth=depth, top=top), nl=False)
     if budget is not None:
         click.echo(render_budget(report.peak_bytes, budget))
 

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from nnmem.devices import Device
 from nnmem.report.compare import Comparison
+from nnmem.report.layers import default_depth, depth_of, fold, largest
 from nnmem.report.model import LayerRow, Report
 from nnmem.units import format_bytes
 from nnmem.whatif.batch import FitResult, batch_ratio
@@ -78,35 +79,69 @@ def _header(report: Report) -> str:
     return "\n".join(lines)
 
 
-def _parameters_cell(row: LayerRow) -> str:
-    return row.arithmetic or (f"{row.parameters:,}" if row.parameters else "0")
+def _parameters_cell(row: LayerRow, compact: bool) -> str:
+    if compact or not row.arithmetic:
+        return f"{row.parameters:,}"
+    return row.arithmetic
 
 
-def _layer_table(report: Report) -> Table:
-    rows = report.layers
+COMPACT_BELOW = 118
+"""Narrower than this many columns, the per-layer table leaves out the kind and output columns and the
+parameter arithmetic, so that it fits 80 columns without wrapping a number."""
+
+
+def _layer_table(rows: tuple[LayerRow, ...], totals: tuple[LayerRow, ...], width: int) -> Table:
+    compact = width < COMPACT_BELOW
     table = Table(box=box.SIMPLE_HEAD, show_footer=True, pad_edge=False)
     path_width = min(max((len(r.path or "(model)") for r in rows), default=5), 32)
     kind_width = min(max((len(r.kind) for r in rows), default=4), 24)
-    table.add_column("layer", footer="total", no_wrap=True, min_width=path_width)
-    table.add_column("kind", no_wrap=True, min_width=kind_width)
-    table.add_column("parameters", footer=f"{sum(r.parameters for r in rows):,}", justify="right")
     columns = [("parameter bytes", "parameter_bytes"), ("output", "output_bytes"),
                ("saved for backward", "saved_bytes"), ("live at peak", "peak_bytes")]
+    if compact:  # the numbers never wrap; a long layer name gives way at its start, where paths repeat
+        columns = [("param bytes", "parameter_bytes"), ("saved", "saved_bytes"), ("at peak", "peak_bytes")]
+        params_total = f"{sum(r.parameters for r in totals):,}"
+        widths = [max(len("params"), len(params_total))] + [
+            max(len(header), len(format_bytes(sum(getattr(r, attr) for r in totals))),
+                *(len(format_bytes(getattr(r, attr))) for r in rows)) for header, attr in columns]
+        room = max(12, width - sum(widths) - 3 * len(widths) - 2)  # a pad, a rule and a pad between columns; edges
+        table.add_column("layer", footer="total", no_wrap=True, min_width=min(path_width, room))
+        table.add_column("params", footer=params_total, justify="right", no_wrap=True)
+    else:
+        table.add_column("layer", footer="total", no_wrap=True, min_width=path_width)
+        table.add_column("kind", no_wrap=True, min_width=kind_width)
+        table.add_column("parameters", footer=f"{sum(r.parameters for r in totals):,}", justify="right")
     for header, attr in columns:
-        total = sum(getattr(r, attr) for r in rows)
-        table.add_column(header, footer=format_bytes(total), justify="right")
+        total = sum(getattr(r, attr) for r in totals)
+        table.add_column(header, footer=format_bytes(total), justify="right", no_wrap=True)
     for row in rows:
-        table.add_row(row.path or "(model)", row.kind, _parameters_cell(row),
-                      *(format_bytes(getattr(row, attr)) for _, attr in columns))
+        cells = [format_bytes(getattr(row, attr)) for _, attr in columns]
+        if compact:
+            name = row.path or "(model)"
+            name = name if len(name) <= room else "…" + name[-(room - 1):]
+            table.add_row(name, _parameters_cell(row, True), *cells)
+        else:
+            table.add_row(row.path or "(model)", row.kind, _parameters_cell(row, False), *cells)
     return table
 
 
-def _layer_section(report: Report) -> list[RenderableType]:
+def _layer_section(report: Report, width: int, depth: int | None, top: int | None) -> list[RenderableType]:
     params = report.parameter_count
     param_bytes = sum(r.parameter_bytes for r in report.layers)
+    deepest = max((depth_of(r.path) for r in report.layers), default=0)
+    shown = depth if depth is not None else default_depth(report.layers)
+    rows = fold(report.layers, shown) if shown < deepest else tuple(report.layers)
+    title = f"per layer (live at peak: bytes owned by the layer at the {report.level}-level peak)"
+    how = []
+    if shown < deepest:
+        how.append(f"folded to depth {shown} of {deepest} (--depth {deepest} shows every layer)")
+    if top is not None and top < len(rows):
+        rows = largest(rows, top)
+        how.append(f"the {top} largest at the peak first")
+    if width < COMPACT_BELOW:
+        how.append("narrow terminal: kind and output left out (--json has every field)")
     return [
-        f"per layer (live at peak: bytes owned by the layer at the {report.level}-level peak)",
-        _layer_table(report),
+        title + (f"\n{'; '.join(how)}" if how else ""),
+        _layer_table(rows, tuple(report.layers), width),
         f"parameters: {params:,} elements, {param_bytes:,} B ({format_bytes(param_bytes)})",
         "",
     ]
@@ -148,12 +183,16 @@ def _notes(notes: Iterable[str]) -> str:
     return "\n".join(f"note: {note}" for note in notes)
 
 
-def render_report(report: Report, *, width: int = 120) -> str:
+def render_report(report: Report, *, width: int = 120, depth: int | None = None, top: int | None = None) -> str:
     """The whole report as text: header, per-layer table, breakdown at the peak, peaks, notes.
 
     Args:
         report: an estimated or measured report.
-        width: line width in characters.
+        width: line width in characters; below :data:`COMPACT_BELOW` the per-layer table drops its kind and
+            output columns (80 columns fit).
+        depth: fold the per-layer table to this module depth (:func:`nnmem.report.layers.fold`); None: the
+            deepest that keeps it to :data:`~nnmem.report.layers.DEFAULT_MAX_ROWS` rows.
+        top: list only the layers holding the most at the peak, the rest summed in one row; None: all.
 
     Returns:
         Plain text ending in a newline.
@@ -163,7 +202,7 @@ def render_report(report: Report, *, width: int = 120) -> str:
     """
     items: list[RenderableType] = [_header(report), ""]
     if report.layers:
-        items += _layer_section(report)
+        items += _layer_section(report, width, depth, top)
     items += [*_breakdown_section(report), *_peaks_section(report)]
     if report.notes:
         items.append(_notes(report.notes))
