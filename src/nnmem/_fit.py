@@ -123,8 +123,9 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
     Args:
         batch: read each mode's figures at the segment that decides the peak at this batch. Default: at the
             largest batch within the budget when one is given, else the segment that grows fastest with the
-            batch (the one deciding at large batches). The figures are the slope and intercept between half
-            that batch and that batch (:func:`~nnmem.whatif.explain.reading_batches`), traced.
+            batch (the one deciding at large batches). The figures are read at that batch, traced there and
+            at half of it (:func:`~nnmem.whatif.explain.reading_batches`): the fixed bytes plus the batch times
+            the per-sample bytes is the peak there.
         budget: optional; with it (or a catalog device) both max batches are searched.
     """
     budget_bytes = _budget(budget, device)[0] if budget is not None or device.lower() != "cpu" else None
