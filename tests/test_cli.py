@@ -508,3 +508,12 @@ def test_memory_that_does_not_grow_with_the_batch_is_one_line(tmp_path: Path, co
     proc = run_module(command, spec, "--budget", "1GiB")
     assert proc.returncode == 2, proc.stderr
     assert_one_line_error(proc.stderr, "does not grow with the batch")
+
+
+def test_progress_is_silent_with_json_and_when_stderr_is_not_a_terminal() -> None:
+    from nnmem import cli as cli_module
+
+    with cli_module._progress(as_json=True) as progress:
+        assert progress is None
+    with cli_module._progress() as progress:  # pytest captures stderr: not a terminal
+        assert progress is None

@@ -12,10 +12,12 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import click
+from rich.console import Console
 
 import nnmem
 from nnmem import optimizers
@@ -228,11 +230,15 @@ def examples() -> None:
     click.echo(render_examples([(name, zoo.describe(name)) for name in zoo.names()], width=_width()), nl=False)
 
 
-def _progress() -> Callable[[str], None] | None:
-    """Progress lines on stderr for an interactive terminal; silent when stderr is a file or a pipe."""
-    if not sys.stderr.isatty():
-        return None
-    return lambda message: click.echo(f"nnmem: {message}", err=True)
+@contextmanager
+def _progress(as_json: bool = False) -> Iterator[Callable[[str], None] | None]:
+    """A spinner on stderr naming the step under way (each trace of a batch search, each technique, each
+    measurement) on an interactive terminal; silent with --json or when stderr is a file or a pipe."""
+    if as_json or not sys.stderr.isatty():
+        yield None
+        return
+    with Console(stderr=True).status("nnmem: starting", spinner="dots") as status:
+        yield lambda message: status.update(f"nnmem: {message}")
 
 
 def _budget_label(budget: int | None, device: str) -> str:
@@ -282,14 +288,16 @@ def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[in
     """
     _need_budget(budget, device)
     if effective is not None:
-        split = nnmem.micro_batches(model, batch=effective, budget=budget, device=device, optimizer=_opt(optimizer),
-                                    input_shape=input_shape or None, progress=_progress())
+        with _progress(as_json) as progress:
+            split = nnmem.micro_batches(model, batch=effective, budget=budget, device=device,
+                                        optimizer=_opt(optimizer), input_shape=input_shape or None, progress=progress)
         click.echo(json.dumps(split.to_dict(), indent=2) if as_json
                    else render_accumulation(split, budget_label=_budget_label(budget, device)))
         return
     modes = MODES if mode.lower() == "both" else (mode.lower(),)
-    fits = nnmem.fit(model, budget=budget, device=device, modes=modes, optimizer=_opt(optimizer),
-                     input_shape=input_shape or None, progress=_progress())
+    with _progress(as_json) as progress:
+        fits = nnmem.fit(model, budget=budget, device=device, modes=modes, optimizer=_opt(optimizer),
+                         input_shape=input_shape or None, progress=progress)
     if as_json:
         click.echo(json.dumps(fits.to_dict(), indent=2))
         return
@@ -310,8 +318,9 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
     """
     if budget is not None and device.lower() != "cpu":
         raise click.UsageError("expected either --budget or --device, not both")
-    exp = nnmem.explain(model, budget=budget, device=device, optimizer=_opt(optimizer),
-                        input_shape=input_shape or None, batch=batch, progress=_progress())
+    with _progress(as_json) as progress:
+        exp = nnmem.explain(model, budget=budget, device=device, optimizer=_opt(optimizer),
+                            input_shape=input_shape or None, batch=batch, progress=progress)
     if as_json:
         click.echo(json.dumps(exp.to_dict(), indent=2))
         return
@@ -355,9 +364,10 @@ def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mod
     applies is compared.
     """
     asked = [f"checkpoint:{p}" for p in plans] + list(extra)
-    result = nnmem.what_if(model, batch=batch, input_shape=input_shape or None, mode=mode.lower(),
-                          optimizer=_opt(optimizer), techniques=asked or None,
-                          budget=budget, device=device, progress=_progress())
+    with _progress(as_json) as progress:
+        result = nnmem.what_if(model, batch=batch, input_shape=input_shape or None, mode=mode.lower(),
+                              optimizer=_opt(optimizer), techniques=asked or None,
+                              budget=budget, device=device, progress=progress)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
@@ -387,8 +397,9 @@ def plan_command(model: str, budget: int, batch: int, input_shape: tuple[tuple[i
     gradient-checkpointing plan (an exact search over the model's blocks); every peak is a trace of the
     step with the techniques applied. PyTorch models.
     """
-    result = nnmem.plan(model, budget=budget, batch=batch, input_shape=input_shape or None,
-                        optimizer=_opt(optimizer), techniques=techniques, verify=verify, progress=_progress())
+    with _progress(as_json) as progress:
+        result = nnmem.plan(model, budget=budget, batch=batch, input_shape=input_shape or None,
+                            optimizer=_opt(optimizer), techniques=techniques, verify=verify, progress=progress)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
