@@ -5,6 +5,7 @@ seeded shapes, and a bfloat16 CNN's inference estimate against its measurement."
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import calibrate_workspace as calibrate
 import pytest
@@ -38,30 +39,23 @@ def _conv(rng: random.Random) -> tuple[nn.Module, torch.Tensor, bool]:
     return conv, torch.randn(n, c, size, size, dtype=BF16), rng.random() < 0.5
 
 
-def test_bf16_forward_convolution_scratch_matches_measurement() -> None:
+def test_bf16_forward_convolution_scratch_matches_measurement(torch_threads: Callable[[int], None]) -> None:
     """Every seeded forward the rule claims (no note): its bytes equal the allocator's peak inside the op minus
     its output, at 1-4 threads; most of them are claimed."""
     _require_modelled_cpu()
     rng, claimed, mismatches = random.Random(7), 0, []
-    before = torch.get_num_threads()
-    try:
-        for _ in range(40):
-            torch.set_num_threads(rng.choice(BF16_THREADS))
-            conv, x, inference = _conv(rng)
+    for _ in range(40):
+        torch_threads(rng.choice(BF16_THREADS))
+        conv, x, inference = _conv(rng)
 
-            def step(conv: nn.Module = conv, x: torch.Tensor = x, inference: bool = inference) -> None:
-                with torch.inference_mode() if inference else torch.no_grad():
-                    conv(x)
+        def step(conv: nn.Module = conv, x: torch.Tensor = x, inference: bool = inference) -> None:
+            with torch.inference_mode() if inference else torch.no_grad():
+                conv(x)
 
-            for row in calibrate.measure_ops(step, training=False):
-                if "conv" not in row.name or row.note is not None:
-                    continue
-                claimed += 1
-                if row.predicted != row.scratch:
-                    mismatches.append(f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)}: measured "
-                                      f"{row.scratch:,} B, rule {row.predicted:,} B")
-    finally:
-        torch.set_num_threads(before)
+        rows = [r for r in calibrate.measure_ops(step, training=False) if "conv" in r.name and r.note is None]
+        claimed += len(rows)
+        mismatches += [f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)}: measured {r.scratch:,} B, "
+                       f"rule {r.predicted:,} B" for r in rows if r.predicted != r.scratch]
     assert not mismatches, "\n".join(mismatches)
     assert claimed >= 30
 

@@ -5,6 +5,7 @@ measurement of the same op, on seeded shapes (sequence lengths across the kernel
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import calibrate_workspace as calibrate
 import pytest
@@ -29,34 +30,30 @@ def _case(rng: random.Random) -> tuple[tuple[int, ...], bool]:
 
 
 @pytest.mark.parametrize("threads", MODELLED_THREADS)
-def test_bf16_flash_backward_scratch_matches_measurement(threads: int) -> None:
+def test_bf16_flash_backward_scratch_matches_measurement(threads: int, torch_threads: Callable[[int], None]) -> None:
     """Each seeded backward: the rule's bytes (its buffers and the largest gemm scratchpad) equal the allocator's
     peak inside the op minus its outputs, with no note; most cases send gemms to oneDNN."""
     if not torch.backends.mkldnn.is_available() or HOST.isa != MODELLED_ISA:
         pytest.skip(f"the bf16 oneDNN scratchpads are modelled on ISA {MODELLED_ISA}; this CPU runs {HOST.isa}")
     rng, mismatches, through_onednn = random.Random(100 + threads), [], 0
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for _ in range(8):
-            (b, h, lq, lk, e), causal = _case(rng)
-            q, k, v = (torch.randn(b, h, n, e, dtype=BF16, requires_grad=True) for n in (lq, lk, lk))
+    torch_threads(threads)
+    for _ in range(8):
+        (b, h, lq, lk, e), causal = _case(rng)
+        q, k, v = (torch.randn(b, h, n, e, dtype=BF16, requires_grad=True) for n in (lq, lk, lk))
 
-            def step(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, causal: bool = causal) -> None:
-                (F.scaled_dot_product_attention(q, k, v, is_causal=causal).float() ** 2).sum().backward()
+        def step(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, causal: bool = causal) -> None:
+            (F.scaled_dot_product_attention(q, k, v, is_causal=causal).float() ** 2).sum().backward()
 
-            (row,) = [r for r in calibrate.measure_ops(step, training=True) if r.name == _BACKWARD]
-            through_onednn += bool(flash_backward_gemm_scratch(q, k, None, HOST))
-            if row.predicted != row.scratch or row.note is not None:
-                mismatches.append(f"{(b, h, lq, lk, e, causal)}: measured {row.scratch:,} B, rule {row.predicted:,} B, "
-                                  f"note {row.note}")
-    finally:
-        torch.set_num_threads(before)
+        (row,) = [r for r in calibrate.measure_ops(step, training=True) if r.name == _BACKWARD]
+        through_onednn += bool(flash_backward_gemm_scratch(q, k, None, HOST))
+        if row.predicted != row.scratch or row.note is not None:
+            mismatches.append(f"{(b, h, lq, lk, e, causal)}: measured {row.scratch:,} B, rule {row.predicted:,} B, "
+                              f"note {row.note}")
     assert not mismatches, "\n".join(mismatches)
     assert through_onednn >= 4
 
 
-def test_flash_backward_keeps_its_note_where_not_modelled() -> None:
+def test_flash_backward_keeps_its_note_where_not_modelled(torch_threads: Callable[[int], None]) -> None:
     """float16 (oneDNN's fp16 gemm on a CPU with it), another ISA or an unmodelled thread count: a note, no bytes."""
     backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
     q = torch.zeros(1, 2, 64, 64, dtype=BF16)
@@ -67,11 +64,7 @@ def test_flash_backward_keeps_its_note_where_not_modelled() -> None:
     if torch.backends.mkldnn.is_available():
         assert note_for(backward, args, {}, amx) is not None
         modelled = cpu.CpuInfo(model="test", arch="x86_64", flags=(), isa=MODELLED_ISA)
-        before = torch.get_num_threads()
-        try:
-            torch.set_num_threads(max(MODELLED_THREADS) + 1)
-            assert note_for(backward, args, {}, modelled) is not None
-            torch.set_num_threads(MODELLED_THREADS[0])
-            assert note_for(backward, args, {}, modelled) is None
-        finally:
-            torch.set_num_threads(before)
+        torch_threads(max(MODELLED_THREADS) + 1)
+        assert note_for(backward, args, {}, modelled) is not None
+        torch_threads(MODELLED_THREADS[0])
+        assert note_for(backward, args, {}, modelled) is None
