@@ -24,6 +24,12 @@ keras_transformer_block train 7,536,384 B in one, 2,816 B above its 7,533,568 B 
 10 benchmark processes). keras_lstm's plain runs spread over 4.4-13.2 MB as its gradient loop's iterations overlap
 (replay.waiting_bytes)."""
 
+LOW_SLACK = 0.01
+"""How far under the range's low end a run may land. The high end holds every run (an estimate under the real
+peak says "fits" and then runs out of memory); the low end is the leanest order replayed, not a bound: one
+clean-clone CI process of keras_lstm measured 4,180,736 B, 0.11 % under its 4,185,344 B low end (the executor
+found a leaner order)."""
+
 
 def test_range_holds_the_sequential_estimate() -> None:
     import nnmem
@@ -55,8 +61,9 @@ def test_plain_runs_fall_inside_the_range(name: str, mode: str) -> None:
     assert estimate.peak_range is not None
     low, high = estimate.peak_range
     peaks = [int(p) for p in measured.meta["runs_peaks"]]
-    assert all(low <= p <= high for p in peaks), (
-        f"estimated {low:,}-{high:,} B, measured {', '.join(f'{p:,}' for p in peaks)} B in {RUNS} processes")
+    runs = f"estimated {low:,}-{high:,} B, measured {', '.join(f'{p:,}' for p in peaks)} B in {RUNS} processes"
+    assert all(p <= high for p in peaks), runs
+    assert all(p >= low * (1 - LOW_SLACK) for p in peaks), runs
 
 
 def test_grappler_removes_the_gradients_identity_n() -> None:
