@@ -14,15 +14,15 @@ from torch import nn
 
 import nnmem
 from nnmem import cpu
-from nnmem.frontends.pytorch.workspace.conv_select import BF16_ISA, BF16_THREADS
+from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
 
 HOST = cpu.describe()
 BF16 = torch.bfloat16
 
 
 def _require_modelled_cpu() -> None:
-    if not torch.backends.mkldnn.is_available() or HOST.isa != BF16_ISA:
-        pytest.skip(f"bfloat16 convolutions are modelled on ISA {BF16_ISA}; this CPU runs oneDNN at {HOST.isa}")
+    if not torch.backends.mkldnn.is_available() or HOST.isa != MODELLED_ISA:
+        pytest.skip(f"bfloat16 convolutions are modelled on ISA {MODELLED_ISA}; this CPU runs oneDNN at {HOST.isa}")
 
 
 def _conv(rng: random.Random) -> tuple[nn.Module, torch.Tensor, bool]:
@@ -45,7 +45,7 @@ def test_bf16_forward_convolution_scratch_matches_measurement(torch_threads: Cal
     _require_modelled_cpu()
     rng, claimed, mismatches = random.Random(7), 0, []
     for _ in range(40):
-        torch_threads(rng.choice(BF16_THREADS))
+        torch_threads(rng.choice(MODELLED_THREADS))
         conv, x, inference = _conv(rng)
 
         def step(conv: nn.Module = conv, x: torch.Tensor = x, inference: bool = inference) -> None:

@@ -306,9 +306,8 @@ def bwd_weights_scratch(call: ConvCall, with_bias: bool, block: int, nthreads: i
         return None
     n, c, ih, iw = call.x_shape
     o, _, kh, kw = call.w_shape
-    (sh, sw), (ph, pw), (dh, dw) = call.stride, call.padding, call.dilation
-    oh = (ih + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (iw + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    (sh, sw), dh = call.stride, call.dilation[0]
+    oh, ow = call.out_sizes
     d = ConvDims(n, c, o, ih, iw, oh, ow, kh, kw, sh, sw, with_bias)
     strided = sh != 1 or sw != 1
     unit = ConvDims(n, c, o, oh, ow, oh, ow, 1, 1, 1, 1, with_bias)  # rtus_prepare's unit-stride problem

@@ -16,6 +16,7 @@ import torch
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, dtype_name, round_up
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
+from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,12 @@ class ConvCall:
     one_d: bool
     backward: bool = False
     grad_input: bool = False
+
+    @property
+    def out_sizes(self) -> tuple[int, ...]:
+        """Spatial sizes of a direct (not transposed) convolution's output."""
+        return tuple((x + 2 * p - d * (k - 1) - 1) // s + 1 for x, p, d, k, s in
+                     zip(self.x_shape[2:], self.padding, self.dilation, self.w_shape[2:], self.stride))
 
     @property
     def x_bytes(self) -> int:
@@ -108,11 +115,6 @@ def conv_call(x: torch.Tensor, weight: torch.Tensor, stride: Any = 1, padding: A
                     bool(transposed), output_padding, int(groups), dims == 1)
 
 
-BF16_ISA = "avx512_core_bf16"
-BF16_THREADS = (1, 2, 3, 4)
-"""Where bfloat16 forward convolutions were measured (tests/frontends/pytorch/test_conv_bf16.py, torch 2.13.0)."""
-
-
 def bf16_forward_modelled(call: ConvCall, info: CpuInfo) -> bool:
     """Whether a bfloat16 convolution's scratch is the float32 forward's sequence with 2-byte elements
     (:func:`.conv_onednn.conv_forward`: blocked source and weights, blocked destination, its dense copy), as
@@ -122,13 +124,11 @@ def bf16_forward_modelled(call: ConvCall, info: CpuInfo) -> bool:
     transposed) and every backward measured otherwise and keep their note."""
     if call.dtype != torch.bfloat16 or call.backward or call.transposed or call.groups != 1:
         return False
-    if len(call.x_shape) != 4 or call.x_layout != "contiguous" or info.isa != BF16_ISA:
+    if len(call.x_shape) != 4 or call.x_layout != "contiguous" or info.isa != MODELLED_ISA:
         return False
-    if torch.get_num_threads() not in BF16_THREADS:
+    if torch.get_num_threads() not in MODELLED_THREADS:
         return False
-    out = [(x + 2 * p - d * (k - 1) - 1) // s + 1 for x, p, d, k, s in
-           zip(call.x_shape[2:], call.padding, call.dilation, call.w_shape[2:], call.stride)]
-    return call.x_shape[1] >= 2 and math.prod(call.w_shape[2:]) > 1 and math.prod(out) > 1
+    return call.x_shape[1] >= 2 and math.prod(call.w_shape[2:]) > 1 and math.prod(call.out_sizes) > 1
 
 
 def conv_backend(call: ConvCall, info: CpuInfo) -> str:
@@ -269,8 +269,7 @@ def _brgemm_relo(call: ConvCall, info: CpuInfo) -> bool:
             and info.onednn_block == 16 and all(d == 1 for d in call.dilation)):
         return False
     kh, kw = call.w_shape[2], call.w_shape[3]
-    ow = (call.x_shape[3] + 2 * call.padding[-1] - (kw - 1) - 1) // call.stride[-1] + 1
-    return kw > 1 or kh > 1 and ow > 4
+    return kw > 1 or kh > 1 and call.out_sizes[-1] > 4
 
 
 def conv_note(call: ConvCall, info: CpuInfo) -> str | None:

@@ -21,7 +21,8 @@ from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, aten, dtype_name, round_up
 from nnmem.frontends.pytorch.workspace.misc import _folds
 
-# The ISA and thread counts whose scratchpad sizes test_matmul_scratch.py measured (torch 2.13.0, oneDNN 3.12).
+# The ISA and thread counts where oneDNN's bfloat16 scratch was measured (torch 2.13.0, oneDNN 3.12): the matmuls
+# (test_matmul_scratch.py), the flash-attention backward's gemms and the forward convolutions (conv_select.py).
 MODELLED_ISA = "avx512_core_bf16"
 MODELLED_THREADS = (1, 2, 3, 4)
 
