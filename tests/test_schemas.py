@@ -145,7 +145,7 @@ def _rejected(name: str, data: Any, where: tuple[str | int, ...]) -> str:
         schemas.validate(name, data)
     message = str(info.value)
     assert "\n" not in message
-    assert f"'{name}'" in message and f"https://nnmem.dev/schemas/{name}/v1.json" in message, message
+    assert f"'{name}'" in message and f"https://nnmem.dev/schemas/{name}/v2.json" in message, message
     assert f"at {json_path(where)}:" in message, message
     return message
 

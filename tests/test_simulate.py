@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nnmem.report.model import Report, report_from_trace
-from nnmem.simulate import simulate
+from nnmem.simulate import category_series, layer_high_water, simulate
 from nnmem.trace import Block, Category, LayerInfo, Op, Phase, Trace
 
 
@@ -76,3 +76,33 @@ def test_measured_override_puts_difference_in_workspace() -> None:
     assert report.peak_bytes == 300
     assert report.breakdown["kernel workspace"] == 40
     assert sum(report.breakdown.values()) == 300
+
+
+def test_category_series_split_the_tensor_level() -> None:
+    trace = _trace()
+    series = category_series(trace)
+    assert series == {"parameters": (100, 100, 100), "gradients": (0, 0, 100), "inputs": (10, 10, 10),
+                      "saved activations": (50, 50, 50), "activations": (0, 30, 0)}
+    assert tuple(map(sum, zip(*series.values()))) == simulate(trace).tensor_live
+
+
+def test_layer_high_water_is_the_most_held_at_once() -> None:
+    trace = _trace()
+    # two activation blocks of "act" that overlap at op 1 only, and one freed before the next is made
+    blocks = (*trace.blocks, Block(5, 40, Category.ACTIVATIONS, "act", Phase.FORWARD, 0, 1),
+              Block(6, 25, Category.ACTIVATIONS, "act", Phase.BACKWARD, 2, 2))
+    high = layer_high_water(Trace(trace.framework, trace.mode, blocks, trace.ops, trace.layers))
+    assert high["act"] == {"activations": 70}
+    assert high["fc"] == {"parameters": 100, "saved activations": 50, "gradients": 100}
+    assert high[""] == {"inputs": 10}
+
+
+def test_traced_model_categories_add_up_to_its_timeline() -> None:
+    import nnmem
+
+    report = nnmem.estimate("mlp", batch=8, optimizer="adam")
+    columns = zip(*report.timeline_categories.values())
+    assert [sum(c) for c in columns] == [p.tensor_bytes for p in report.timeline]
+    fc1 = next(row for row in report.layers if row.path == "fc1")
+    assert fc1.held["parameters"] == fc1.parameter_bytes
+    assert fc1.held["gradients"] == fc1.parameter_bytes

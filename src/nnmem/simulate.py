@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from nnmem.trace import Category, Level, Trace
 
-__all__ = ["Simulation", "simulate"]
+__all__ = ["Simulation", "simulate", "category_series", "layer_high_water"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,3 +92,49 @@ def _live_at(trace: Trace, index: int) -> tuple[dict[str, int], dict[str, int]]:
             layers[block.layer] += block.nbytes
     order = [c.value for c in Category]
     return {c: cats[c] for c in order if cats.get(c)}, dict(layers)
+
+
+def category_series(trace: Trace) -> dict[str, tuple[int, ...]]:
+    """Live bytes of each category right after each op (the tensor level, split by what the bytes are for).
+
+    The series of a category is zero at every op where nothing of it is live; categories never live are left
+    out. Summed over categories, op by op, they equal :attr:`Simulation.tensor_live`.
+    """
+    n = len(trace.ops)
+    deltas: dict[str, list[int]] = {}
+    for block in trace.blocks:
+        delta = deltas.setdefault(block.category.value, [0] * (n + 1))
+        delta[max(block.alloc_op, 0)] += block.nbytes
+        if block.free_op >= 0:
+            delta[block.free_op + 1] -= block.nbytes
+    series: dict[str, tuple[int, ...]] = {}
+    for category in (c.value for c in Category):
+        if category not in deltas:
+            continue
+        live, values = 0, []
+        for change in deltas[category][:n]:
+            live += change
+            values.append(live)
+        if any(values):
+            series[category] = tuple(values)
+    return series
+
+
+def layer_high_water(trace: Trace) -> dict[str, dict[str, int]]:
+    """Per layer and category, the most bytes the layer holds at once during the step (e.g. its gradients once
+    backward made them all, its optimizer state, its activations at the end of forward)."""
+    events: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    for block in trace.blocks:
+        key = (block.layer, block.category.value)
+        events[key].append((max(block.alloc_op, 0), block.nbytes))
+        if block.free_op >= 0:
+            events[key].append((block.free_op + 1, -block.nbytes))
+    high: dict[str, dict[str, int]] = defaultdict(dict)
+    for (layer, category), changes in events.items():
+        live = most = 0
+        for _, change in sorted(changes):  # at one index, frees (negative) come before allocations
+            live += change
+            most = max(most, live)
+        if most:
+            high[layer][category] = most
+    return dict(high)

@@ -24,9 +24,13 @@ def depth_of(path: str) -> int:
 
 
 def _summed(path: str, kind: str, rows: Sequence[LayerRow]) -> LayerRow:
+    held: dict[str, int] = {}
+    for row in rows:
+        for category, nbytes in row.held.items():
+            held[category] = held.get(category, 0) + nbytes
     return LayerRow(path, kind, sum(r.parameters for r in rows), sum(r.parameter_bytes for r in rows),
                     sum(r.output_bytes for r in rows), sum(r.saved_bytes for r in rows),
-                    sum(r.peak_bytes for r in rows))
+                    sum(r.peak_bytes for r in rows), held=held)
 
 
 def fold(rows: Sequence[LayerRow], depth: int) -> tuple[LayerRow, ...]:

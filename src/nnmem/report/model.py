@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nnmem.simulate import Simulation, simulate
+from nnmem.simulate import Simulation, category_series, layer_high_water, simulate
 from nnmem.trace import Category, Level, Phase, Trace
 
 __all__ = ["LayerRow", "TimelinePoint", "Report", "report_from_trace"]
@@ -25,6 +25,8 @@ class LayerRow:
         saved_bytes: bytes the layer's forward leaves saved for backward (train only).
         peak_bytes: bytes attributed to the layer that are live at the peak.
         parameter_shapes: shape of each parameter the layer owns (weight, bias, ...).
+        held: per category, the most bytes the layer holds at once during the step (its gradients once
+            backward made them, its optimizer state, ...); categories it never holds are left out.
     """
 
     path: str
@@ -35,6 +37,7 @@ class LayerRow:
     saved_bytes: int
     peak_bytes: int
     parameter_shapes: tuple[tuple[int, ...], ...] = ()
+    held: dict[str, int] = field(default_factory=dict)
 
     @property
     def arithmetic(self) -> str:
@@ -87,6 +90,8 @@ class Report:
         notes: caveats the reader must see (unsupported parts, fallbacks).
         peak_range: (lowest, highest) peak at ``level`` the step can reach where its op order varies between
             processes (TensorFlow's default executor), in bytes; None where the estimate has one order.
+        timeline_categories: per category, the live bytes right after each op (the tensor level of
+            ``timeline`` split by what the bytes are for; the same length as ``timeline``).
 
     Example:
         >>> report = nnmem.estimate(model, (x,), optimizer="adam")  # doctest: +SKIP
@@ -109,6 +114,18 @@ class Report:
     notes: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
     peak_range: tuple[int, int] | None = None
+    timeline_categories: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        batch = f", batch {self.batch}" if self.batch is not None else ""
+        return (f"Report({self.source}: {self.model} ({self.framework}), {self.mode}{batch}, peak "
+                f"{self.peak_bytes:,} B at the {self.level} level)")
+
+    def _repr_html_(self) -> str | None:
+        """The charts, in a notebook (None without Plotly: the plain repr)."""
+        from nnmem.report.output import repr_html
+
+        return repr_html(self)
 
     @property
     def parameter_count(self) -> int:
@@ -144,6 +161,7 @@ class Report:
             for row in values.get("layers", ())
         )
         values["timeline"] = tuple(TimelinePoint(**p) for p in values.get("timeline", ()))
+        values["timeline_categories"] = {k: tuple(v) for k, v in values.get("timeline_categories", {}).items()}
         values["notes"] = tuple(values.get("notes", ()))
         if values.get("peak_range") is not None:
             values["peak_range"] = tuple(values["peak_range"])
@@ -203,6 +221,7 @@ def report_from_trace(
         notes=notes,
         meta={k: v for k, v in trace.meta.items() if isinstance(v, (str, int, float, bool))},
         peak_range=_peak_range(trace, source, level),
+        timeline_categories=category_series(trace),
     )
 
 
@@ -241,6 +260,7 @@ def _layer_rows(trace: Trace, sim: Simulation, level: str) -> tuple[LayerRow, ..
             if block.phase is Phase.FORWARD and alive_after_forward:
                 saved[block.layer] = saved.get(block.layer, 0) + block.nbytes
     at_peak = sim.layer_bytes.get(level, {})
+    held = layer_high_water(trace)
     return tuple(
         LayerRow(
             path=info.path,
@@ -251,6 +271,7 @@ def _layer_rows(trace: Trace, sim: Simulation, level: str) -> tuple[LayerRow, ..
             saved_bytes=saved.get(info.path, 0),
             peak_bytes=at_peak.get(info.path, 0),
             parameter_shapes=info.parameter_shapes,
+            held=held.get(info.path, {}),
         )
         for info in trace.layers
     )

@@ -1,7 +1,7 @@
 """JSON Schemas (draft 2020-12) of every ``--json`` output of the ``nnmem`` command, packaged with nnmem.
 
 One file per output, ``<name>.schema.json``, whose ``$id`` carries its version
-(``https://nnmem.dev/schemas/<name>/v1.json``); the shapes they share (the report of a step, the answer of a
+(``https://nnmem.dev/schemas/<name>/v2.json``); the shapes they share (the report of a step, the answer of a
 max-batch search, byte counts) live once in ``common.schema.json`` and are referenced by ``$ref``.
 :func:`validate` checks a parsed output with the ``jsonschema`` package (``pip install 'jsonschema>=4.18'``),
 strictly: NaN and infinities are not JSON numbers (RFC 8259), and an integer is written as one (``5``, not
@@ -35,7 +35,7 @@ def schema(name: str) -> dict[str, Any]:
 
     Example:
         >>> schema("estimate")["$id"]
-        'https://nnmem.dev/schemas/estimate/v1.json'
+        'https://nnmem.dev/schemas/estimate/v2.json'
 
     Raises:
         ConfigError: ``name`` is not a packaged schema.
