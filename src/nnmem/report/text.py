@@ -147,14 +147,28 @@ def _layer_section(report: Report, width: int, depth: int | None, top: int | Non
     ]
 
 
-def _breakdown_section(report: Report) -> list[RenderableType]:
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def _bar(part: int, whole: int, width: int) -> str:
+    """A horizontal bar of ``part / whole`` of ``width`` characters, in eighths of a character."""
+    if whole <= 0 or part <= 0:
+        return ""
+    eighths = round(8 * width * min(part / whole, 1.0))
+    return ("█" * (eighths // 8) + _EIGHTHS[eighths % 8]).rstrip() or "▏"
+
+
+def _breakdown_section(report: Report, width: int) -> list[RenderableType]:
     table = Table(box=box.SIMPLE_HEAD, show_footer=True, pad_edge=False)
     total = sum(report.breakdown.values())
+    bar_width = max(6, min(24, width - 72))  # what the widest category, bytes and share cells leave of the line
+    largest = max(report.breakdown.values(), default=0)
     table.add_column("category", footer="total")
     table.add_column("bytes", footer=_bytes(total), justify="right", no_wrap=True)
     table.add_column("share", footer=_share(total, total), justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True, min_width=bar_width, max_width=bar_width)
     for category, nbytes in sorted(report.breakdown.items(), key=lambda kv: -kv[1]):
-        table.add_row(category, _bytes(nbytes), _share(nbytes, total))
+        table.add_row(category, _bytes(nbytes), _share(nbytes, total), _bar(nbytes, largest, bar_width))
     return [f"at the peak ({report.level} level), by category", table]
 
 
@@ -203,7 +217,7 @@ def render_report(report: Report, *, width: int = 120, depth: int | None = None,
     items: list[RenderableType] = [_header(report), ""]
     if report.layers:
         items += _layer_section(report, width, depth, top)
-    items += [*_breakdown_section(report), *_peaks_section(report)]
+    items += [*_breakdown_section(report, width), *_peaks_section(report)]
     if report.notes:
         items.append(_notes(report.notes))
     return _render(*items, width=width)
