@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.nnmem-demo
 TEST_STAMP := $(VENV)/.nnmem-test
 
-.PHONY: setup setup-demo demo test accuracy speed lint clean
+.PHONY: setup setup-demo demo test browser pictures accuracy speed lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,21 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[torch]'
 	touch $@
 
-# Everything the test suite imports: Keras 3 on its three backends, and the dev tools.
+# Everything the test suite imports: Keras 3 on its three backends, the chart libraries, the dev tools, and
+# a browser for the HTML reports' test (Debian's chromium, driven by playwright; as root or through sudo).
 $(TEST_STAMP): pyproject.toml $(DEMO_STAMP)
-	$(BIN)/pip install --quiet -e '.[torch,keras,jax,tensorflow,dev]'
+	$(BIN)/pip install --quiet -e '.[torch,keras,jax,tensorflow,report,dev]'
 	touch $@
+
+CHROMIUM := $(shell command -v chromium || command -v chromium-browser || command -v google-chrome)
+
+browser:
+ifeq ($(CHROMIUM),)
+	@echo "installing Debian's chromium for the HTML reports' browser test"
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; } \
+	  || { echo "could not install chromium: install it (apt-get install chromium) or set NNMEM_CHROMIUM"; exit 1; }
+endif
 
 setup-demo: $(DEMO_STAMP)
 
@@ -36,11 +47,20 @@ demo: setup-demo
 	$(BIN)/nnmem estimate mlp --batch 32 --optimizer adam
 
 # Keras fixes its backend at import: tests/frontends/keras runs once per backend, each in its own process.
-test: setup
-	$(BIN)/python -m pytest -q
+# NNMEM_REQUIRE_BROWSER=1: the browser test fails, rather than skips, without chromium.
+test: setup browser
+	NNMEM_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q
 	KERAS_BACKEND=torch $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
 	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
+
+# README's pictures: each chart, drawn by the command line from the built-in examples.
+pictures: setup
+	$(BIN)/nnmem estimate gpt --batch 8 --optimizer adam --png docs/img/estimate-gpt > /dev/null
+	$(BIN)/nnmem measure mlp --batch 32 --optimizer adam --png docs/img/measure-mlp > /dev/null
+	$(BIN)/nnmem fit mlp --budget 64MiB --optimizer adam --png docs/img/fit-mlp > /dev/null
+	$(BIN)/nnmem explain mlp --budget 64MiB --optimizer adam --png docs/img/explain-mlp > /dev/null
+	$(BIN)/nnmem whatif gpt --batch 8 --optimizer adam --budget 64MiB --png docs/img/whatif-gpt > /dev/null
 
 accuracy: setup
 	$(BIN)/python benchmarks/accuracy.py

@@ -38,3 +38,12 @@ def test_round_trips_through_json() -> None:
 def test_no_reports_is_an_error() -> None:
     with pytest.raises(ValueError):
         median_run([])
+
+
+def test_measure_says_which_run_it_is_in() -> None:
+    import nnmem
+
+    said: list[str] = []
+    report = nnmem.measure("mlp", batch=4, runs=2, progress=said.append)
+    assert said == ["measuring in a child process (run 1 of 2)", "measuring in a child process (run 2 of 2)"]
+    assert report.source == "measure"

@@ -23,6 +23,7 @@ from nnmem.errors import (
 )
 from nnmem.report.compare import Comparison, compare
 from nnmem.report.model import LayerRow, Report, TimelinePoint
+from nnmem.report.output import write_html, write_png
 from nnmem.trace import Category, Level, Phase
 from nnmem.units import format_bytes, parse_size
 from nnmem.whatif.accumulation import Accumulation
@@ -85,4 +86,6 @@ __all__ = [
     "parse_size",
     "plan",
     "what_if",
+    "write_html",
+    "write_png",
 ]

@@ -164,7 +164,7 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
             batch: int | None = None, input_shape: Any = None, timeout_s: float | None = None,
             runs: int = 1, accumulate: int = 1, checkpoint: str | None = None,
             optimizer_in_backward: bool = False, precision: str | None = None,
-            set_to_none: bool = True) -> Report:
+            set_to_none: bool = True, progress: Callable[[str], None] | None = None) -> Report:
     """Run the step for real in a child process and report what it used, at every level.
 
     Takes the same arguments as :func:`estimate`. The child's death (OOM kill, crash) raises
@@ -175,6 +175,7 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
         runs: fresh child processes to measure the step in (each warms up and measures on its own); the
             report is the run with the median peak, its ``meta`` and notes give every run's peak. Use more
             than one where the peak differs between processes (TensorFlow's BFC chunk layout).
+        progress: called with a short message before each measuring process starts.
     """
     from nnmem.report.runs import MAX_RUNS, median_run
 
@@ -190,4 +191,10 @@ def measure(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: A
                                "(device='cpu'); benchmarks/cuda_validate.py measures on a GPU")
     frontend = resolve(model)
     request = frontend.load(request)  # a .keras file is read once, not once per run
-    return median_run([frontend.measure(request, timeout_s=timeout_s) for _ in range(runs)])
+    measured = []
+    for run in range(runs):
+        if progress:
+            progress(f"measuring in a child process (run {run + 1} of {runs})" if runs > 1
+                     else "measuring in a child process")
+        measured.append(frontend.measure(request, timeout_s=timeout_s))
+    return median_run(measured)

@@ -14,6 +14,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
@@ -22,6 +23,7 @@ from rich.console import Console
 import nnmem
 from nnmem import optimizers
 from nnmem._api import MODES
+from nnmem.report.output import check_chart_support
 from nnmem.report.plan_text import render_plan
 from nnmem.report.text import (
     render_budget,
@@ -126,6 +128,38 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _chart_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--html FILE`` and ``--png DIR``: the result's charts, besides what the command prints."""
+    options = [
+        click.option("--html", "html_path", type=click.Path(dir_okay=False, writable=True, path_type=Path),
+                     default=None, metavar="FILE",
+                     help="Also write the charts as one self-contained HTML file (opens offline; needs "
+                          "nnmem[report])."),
+        click.option("--png", "png_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     metavar="DIR", help="Also draw the charts as PNG files in DIR (needs nnmem[report])."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _charts_wanted(html_path: Path | None, png_dir: Path | None) -> None:
+    """Fail now, not after a long estimate, when a chart format asked for cannot be drawn or written."""
+    check_chart_support(html=html_path is not None, png=png_dir is not None)
+    if html_path is not None and not html_path.resolve().parent.is_dir():
+        raise click.BadParameter(f"no folder {str(html_path.parent)!r} to write {html_path.name!r} in",
+                                 param_hint="'--html'")
+
+
+def _save_charts(result: Any, html_path: Path | None, png_dir: Path | None) -> None:
+    """Write the charts asked for and say where, on stderr (stdout stays the report or the JSON)."""
+    if html_path is not None:
+        click.echo(f"nnmem: wrote {nnmem.write_html(result, html_path)}", err=True)
+    if png_dir is not None:
+        paths = nnmem.write_png(result, png_dir)
+        click.echo(f"nnmem: wrote {', '.join(str(p) for p in paths)}", err=True)
+
+
 def _step_kwargs(batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
                  device: str, accumulate: int = 1, checkpoint: str | None = None,
                  precision: str | None = None, zero_grad: str = "none") -> dict[str, Any]:
@@ -174,23 +208,30 @@ def cli() -> None:
               help="Fold the per-layer table to this module depth (default: the deepest that keeps it short).")
 @click.option("--top", type=PositiveIntType(), default=None, metavar="N",
               help="List only the N layers holding the most at the peak; the rest in one row.")
+@_chart_options
 def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
              device: str, budget: int | None, accumulate: int, checkpoint: str | None, precision: str | None,
-             zero_grad: str, as_json: bool, depth: int | None, top: int | None) -> None:
+             zero_grad: str, as_json: bool, depth: int | None, top: int | None, html_path: Path | None,
+             png_dir: Path | None) -> None:
     """Estimate the peak memory of one step of MODEL, without running it.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
     The factory is called as factory(batch) (default batch 32) and returns a model or
     (model, inputs[, target[, loss_fn]]).
     """
-    report = nnmem.estimate(model, **_step_kwargs(batch, input_shape, mode, optimizer, device, accumulate,
-                                                  checkpoint, precision, zero_grad))
+    _charts_wanted(html_path, png_dir)
+    with _progress(as_json, total=1) as progress:
+        if progress:
+            progress(f"tracing {model} at batch {batch:,}")
+        report = nnmem.estimate(model, **_step_kwargs(batch, input_shape, mode, optimizer, device, accumulate,
+                                                      checkpoint, precision, zero_grad))
     if as_json:
         click.echo(report.to_json(budget_bytes=budget))
-        return
-    click.echo(render_report(report, width=_report_width(), depth=depth, top=top), nl=False)
-    if budget is not None:
-        click.echo(render_budget(report.peak_bytes, budget))
+    else:
+        click.echo(render_report(report, width=_report_width(), depth=depth, top=top), nl=False)
+        if budget is not None:
+            click.echo(render_budget(report.peak_bytes, budget))
+    _save_charts(report, html_path, png_dir)
 
 
 @cli.command()
@@ -199,27 +240,34 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
               metavar="SECONDS", help="Kill the measuring child process after this many seconds.")
 @click.option("--runs", type=click.IntRange(1, 50), default=1, show_default=True,
               help="Fresh processes to measure in; reports the median run and every run's peak.")
+@_chart_options
 def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
             device: str, budget: int | None, accumulate: int, checkpoint: str | None, precision: str | None,
-            zero_grad: str, as_json: bool, timeout_s: float | None, runs: int) -> None:
+            zero_grad: str, as_json: bool, timeout_s: float | None, runs: int, html_path: Path | None,
+            png_dir: Path | None) -> None:
     """Estimate MODEL's step, run it for real in a child process, and compare the two.
 
     MODEL is a built-in example (see `nnmem examples`), path/to/file.py:factory or package.module:factory.
     Default batch 32. --budget is checked against the measured peak. --runs N measures in N fresh processes
     (TensorFlow's peak differs between processes) and compares with the median run.
     """
+    _charts_wanted(html_path, png_dir)
     kwargs = _step_kwargs(batch, input_shape, mode, optimizer, device, accumulate, checkpoint, precision, zero_grad)
-    estimated = nnmem.estimate(model, **kwargs)
-    measured = nnmem.measure(model, **kwargs, timeout_s=timeout_s, runs=runs)
+    with _progress(as_json, total=1 + runs) as progress:
+        if progress:
+            progress(f"tracing {model} at batch {batch:,}")
+        estimated = nnmem.estimate(model, **kwargs)
+        measured = nnmem.measure(model, **kwargs, timeout_s=timeout_s, runs=runs, progress=progress)
     comparison = nnmem.compare(estimated, measured)
     if as_json:
         click.echo(json.dumps(comparison.to_dict(budget_bytes=budget), indent=2))
-        return
-    click.echo(render_summary(estimated))
-    click.echo(render_summary(measured))
-    click.echo(render_comparison(comparison, width=_width()), nl=False)
-    if budget is not None:
-        click.echo(f"measured peak {render_budget(measured.peak_bytes, budget)}")
+    else:
+        click.echo(render_summary(estimated))
+        click.echo(render_summary(measured))
+        click.echo(render_comparison(comparison, width=_width()), nl=False)
+        if budget is not None:
+            click.echo(f"measured peak {render_budget(measured.peak_bytes, budget)}")
+    _save_charts(comparison, html_path, png_dir)
 
 
 @cli.command()
@@ -231,14 +279,27 @@ def examples() -> None:
 
 
 @contextmanager
-def _progress(as_json: bool = False) -> Iterator[Callable[[str], None] | None]:
-    """A spinner on stderr naming the step under way (each trace of a batch search, each technique, each
-    measurement) on an interactive terminal; silent with --json or when stderr is a file or a pipe."""
+def _progress(as_json: bool = False, total: int | None = None) -> Iterator[Callable[[str], None] | None]:
+    """A progress bar on stderr naming the step under way (each trace of a batch search, each technique, each
+    measuring process), with the steps done (of ``total`` where known) and the time taken, on an interactive
+    terminal; silent with --json or when stderr is a file or a pipe. A step is done when the next one starts."""
     if as_json or not sys.stderr.isatty():
         yield None
         return
-    with Console(stderr=True).status("nnmem: starting", spinner="dots") as status:
-        yield lambda message: status.update(f"nnmem: {message}")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    count = MofNCompleteColumn() if total else TextColumn("{task.completed} done")
+    with Progress(SpinnerColumn(), TextColumn("nnmem: {task.description}"), BarColumn(), count, TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("starting", total=total)
+        started = False
+
+        def say(message: str) -> None:
+            nonlocal started
+            bar.update(task, description=message, advance=1 if started else 0)
+            started = True
+
+        yield say
 
 
 def _budget_label(budget: int | None, device: str) -> str:
@@ -279,14 +340,18 @@ def _need_budget(budget: int | None, device: str) -> None:
               help="Which step to fit.")
 @click.option("--effective-batch", "effective", type=PositiveIntType(), default=None, metavar="B",
               help="Training batch per optimizer step: the fewest gradient-accumulation micro-batches it fits in.")
+@_chart_options
 def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...], optimizer: str | None,
-        as_json: bool, mode: str, effective: int | None) -> None:
+        as_json: bool, mode: str, effective: int | None, html_path: Path | None, png_dir: Path | None) -> None:
     """The largest batch of MODEL that fits a budget, for training and for inference side by side.
 
     Exact for the estimate: the step's peak at the batch is within the budget, at the next batch it is not.
     With --effective-batch B: the fewest micro-batches a training batch of B fits in (gradient accumulation).
     """
     _need_budget(budget, device)
+    if effective is not None and (html_path is not None or png_dir is not None):
+        raise click.UsageError("--html and --png draw the batch curve of a plain fit, not --effective-batch's split")
+    _charts_wanted(html_path, png_dir)
     if effective is not None:
         with _progress(as_json) as progress:
             split = nnmem.micro_batches(model, batch=effective, budget=budget, device=device,
@@ -300,9 +365,10 @@ def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[in
                          input_shape=input_shape or None, progress=progress)
     if as_json:
         click.echo(json.dumps(fits.to_dict(), indent=2))
-        return
-    click.echo(render_fits(list(fits.results), budget_label=_budget_label(budget, device), level=fits.level,
-                           width=_width()), nl=False)
+    else:
+        click.echo(render_fits(list(fits.results), budget_label=_budget_label(budget, device), level=fits.level,
+                               width=_width()), nl=False)
+    _save_charts(fits, html_path, png_dir)
 
 
 @cli.command()
@@ -310,21 +376,25 @@ def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[in
 @click.option("--batch", type=PositiveIntType(), default=None,
               help="Read the figures where the peak is decided at this batch "
                    "[default: at the largest batch that fits, or at large batches].")
+@_chart_options
 def explain(model: str, budget: int | None, device: str, input_shape: tuple[tuple[int, ...], ...],
-            optimizer: str | None, as_json: bool, batch: int | None) -> None:
+            optimizer: str | None, as_json: bool, batch: int | None, html_path: Path | None,
+            png_dir: Path | None) -> None:
     """Why training fits a smaller batch than inference: what grows per sample in each, with MODEL's figures.
 
     With --budget or --device it also finds the largest batch of each.
     """
     if budget is not None and device.lower() != "cpu":
         raise click.UsageError("expected either --budget or --device, not both")
+    _charts_wanted(html_path, png_dir)
     with _progress(as_json) as progress:
         exp = nnmem.explain(model, budget=budget, device=device, optimizer=_opt(optimizer),
                             input_shape=input_shape or None, batch=batch, progress=progress)
     if as_json:
         click.echo(json.dumps(exp.to_dict(), indent=2))
-        return
-    click.echo(render_explanation(exp, model=model, width=_width()), nl=False)
+    else:
+        click.echo(render_explanation(exp, model=model, width=_width()), nl=False)
+    _save_charts(exp, html_path, png_dir)
 
 
 @cli.command()
@@ -354,8 +424,10 @@ def explain(model: str, budget: int | None, device: str, input_shape: tuple[tupl
               help="Estimate every row for this device: cpu, cuda or a GPU from `nnmem devices` (its rows at the "
                    "caching allocator's reserved level).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
+@_chart_options
 def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mode: str, optimizer: str | None,
-           plans: tuple[str, ...], extra: tuple[str, ...], budget: int | None, device: str, as_json: bool) -> None:
+           plans: tuple[str, ...], extra: tuple[str, ...], budget: int | None, device: str, as_json: bool,
+           html_path: Path | None, png_dir: Path | None) -> None:
     """What each memory-saving technique buys on MODEL: the step traced with it applied, next to the baseline.
 
     Each row is a trace of the transformed step (PyTorch models; gradient checkpointing, in-place
@@ -364,14 +436,16 @@ def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mod
     applies is compared.
     """
     asked = [f"checkpoint:{p}" for p in plans] + list(extra)
+    _charts_wanted(html_path, png_dir)
     with _progress(as_json) as progress:
         result = nnmem.what_if(model, batch=batch, input_shape=input_shape or None, mode=mode.lower(),
                               optimizer=_opt(optimizer), techniques=asked or None,
                               budget=budget, device=device, progress=progress)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
-        return
-    click.echo(render_whatif(result, width=_width()), nl=False)
+    else:
+        click.echo(render_whatif(result, width=_width()), nl=False)
+    _save_charts(result, html_path, png_dir)
 
 
 @cli.command(name="plan")

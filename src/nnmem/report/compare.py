@@ -40,6 +40,16 @@ class Comparison:
     measured: Report
     rows: tuple[ComparisonRow, ...]
 
+    def __repr__(self) -> str:
+        return (f"Comparison({self.measured.model}: estimated {self.estimated.peak_bytes:,} B, measured "
+                f"{self.measured.peak_bytes:,} B at the {self.measured.level} level)")
+
+    def _repr_html_(self) -> str | None:
+        """The charts, in a notebook (None without Plotly: the plain repr)."""
+        from nnmem.report.output import repr_html
+
+        return repr_html(self)
+
     def row(self, field: str) -> ComparisonRow:
         """The row for ``field`` (KeyError if absent)."""
         for row in self.rows:

@@ -133,6 +133,16 @@ class Fits:
     def __getitem__(self, mode: str) -> FitResult:
         return dict(self.results)[mode]
 
+    def __repr__(self) -> str:
+        found = ", ".join(f"{mode} {fit.batch:,}" for mode, fit in self.results)
+        return f"Fits({self.model} on {self.device}: largest batch {found})"
+
+    def _repr_html_(self) -> str | None:
+        """The batch curve, in a notebook (None without Plotly: the plain repr)."""
+        from nnmem.report.output import repr_html
+
+        return repr_html(self)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the search's terms, then one entry per mode."""
         return {"model": self.model, "device": self.device, "level": self.level, "optimizer": self.optimizer,

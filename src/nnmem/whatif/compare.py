@@ -82,6 +82,17 @@ class WhatIf:
     budget_bytes: int | None = None
     skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
+    def __repr__(self) -> str:
+        best = max(self.rows, key=self.saved, default=None)
+        most = f", most saved by {best.technique}: {self.saved(best):,} B" if best is not None else ""
+        return f"WhatIf({self.model}, {self.mode}: baseline {self.baseline.peak_bytes:,} B{most})"
+
+    def _repr_html_(self) -> str | None:
+        """The comparison chart, in a notebook (None without Plotly: the plain repr)."""
+        from nnmem.report.output import repr_html
+
+        return repr_html(self)
+
     def saved(self, row: TechniqueRow) -> int:
         """Bytes ``row`` saves at the peak against the baseline (negative: it costs memory)."""
         return self.baseline.peak_bytes - row.peak_bytes

@@ -77,6 +77,16 @@ class Explanation:
     model: str = ""
     gradients_labelled: bool = True
 
+    def __repr__(self) -> str:
+        return (f"Explanation({self.model}: train {self.train.fixed_bytes:,} B + {self.train.per_sample_bytes:,} B "
+                f"per sample, infer {self.infer.fixed_bytes:,} B + {self.infer.per_sample_bytes:,} B per sample)")
+
+    def _repr_html_(self) -> str | None:
+        """The charts, in a notebook (None without Plotly: the plain repr)."""
+        from nnmem.report.output import repr_html
+
+        return repr_html(self)
+
     @property
     def batch_ratio(self) -> float | None:
         """Inference max batch / training max batch, when both are known, non-zero and below any upper limit."""
