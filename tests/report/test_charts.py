@@ -173,3 +173,12 @@ def test_every_result_has_charts(mlp: nnmem.Report) -> None:
     assert "per sample" in repr(explanation)
     with pytest.raises(TypeError, match="no charts"):
         charts_for(object())
+
+
+def test_timeline_marks_a_reported_peak_its_stacks_do_not_reach() -> None:
+    report = nnmem.estimate("mlp", batch=32, device="A100-80GB")  # the caching allocator's reserved level
+    chart = timeline_chart(report)
+    assert chart is not None and chart.reported is not None
+    assert chart.reported[0] == report.peak_bytes > chart.peak[1]
+    assert "reserved level" in chart.reported[1]
+    assert timeline_chart(nnmem.estimate("mlp", batch=32)).reported is None  # type: ignore[union-attr]

@@ -22,8 +22,8 @@ from nnmem.whatif.compare import WhatIf
 from nnmem.whatif.explain import Explanation, ModeFigures
 
 __all__ = ["Timeline", "Bars", "Curves", "Chart", "Page", "CATEGORY_COLORS", "MODE_COLORS", "PHASE_COLORS",
-           "charts_for", "timeline_chart", "layer_chart", "breakdown_chart", "comparison_chart", "batch_chart",
-           "explain_chart", "whatif_chart", "unit_for"]
+           "named_phases", "charts_for", "timeline_chart", "layer_chart", "breakdown_chart", "comparison_chart",
+           "batch_chart", "explain_chart", "whatif_chart", "unit_for"]
 
 CATEGORY_COLORS = {
     Category.PARAMETERS.value: "#4c78a8", Category.BUFFERS.value: "#9ecae9", Category.GRADIENTS.value: "#f58518",
@@ -52,8 +52,10 @@ class Timeline:
             where the kernel workspace is a stack).
         hover: per drawn op, "op · layer · phase".
         phases: (phase, first op, last op) runs.
-        peak: (op index, bytes, label) of the report's peak.
-        peak_level: the level of that peak.
+        peak: (op index, bytes, label) of the highest point of the stacks; the label's lines are split by "\\n".
+        peak_level: the level of that point ("allocator" where kernel workspace is stacked, else "tensor").
+        reported: (bytes, label) of the report's peak where the stacks do not reach it (an allocator model
+            that rounds and caches: TensorFlow's BFC, CUDA's reserved level), else None.
         note: what was left out, if anything.
     """
 
@@ -65,6 +67,7 @@ class Timeline:
     phases: tuple[tuple[str, int, int], ...]
     peak: tuple[int, int, str]
     peak_level: str
+    reported: tuple[int, str] | None = None
     note: str = ""
 
 
@@ -127,6 +130,16 @@ def _subject(report: Report) -> str:
     return f"{report.model} ({report.framework}), {report.mode}{batch}"
 
 
+MAX_NAME = 40
+"""Characters of an op or layer name in a chart's labels: longer ones keep their end."""
+MIN_PHASE_LABEL = 0.06
+"""Share of the step a phase must span for the timeline to name it (TensorFlow interleaves short runs)."""
+
+
+def _short(name: str, most: int = MAX_NAME) -> str:
+    return name if len(name) <= most else "…" + name[-(most - 1):]
+
+
 def _thinned(totals: Sequence[int], keep: int, most: int) -> list[int]:
     """Indices to draw: every one when they are few, else each stretch's highest, with ``keep`` among them."""
     n = len(totals)
@@ -163,17 +176,27 @@ def timeline_chart(report: Report, *, most: int = MAX_TIMELINE_POINTS) -> Timeli
         else:
             phases.append([p.phase, p.index, p.index])
     top = points[peak_index]
-    where = f" in {top.layer}" if top.layer else ""
-    label = f"peak {format_bytes(totals[peak_index])}: {top.op}{where} ({top.phase})"
-    note = "" if len(keep) == len(points) else f"{len(keep):,} of {len(points):,} ops drawn (each stretch's highest)"
     level = "allocator" if any(workspace) else "tensor"
+    where = f"\nin {_short(top.layer)}" if top.layer else ""
+    label = f"{level} peak {format_bytes(totals[peak_index])} ({top.phase})\n{_short(top.op)}{where}"
+    note = "" if len(keep) == len(points) else f"{len(keep):,} of {len(points):,} ops drawn (each stretch's highest)"
+    reported = None
+    if report.peak_bytes > totals[peak_index]:
+        reported = (report.peak_bytes, f"reported peak ({report.level} level) {format_bytes(report.peak_bytes)}")
     return Timeline(
         name="timeline", title=f"Memory over the step — {_subject(report)}",
         x=tuple(points[i].index for i in keep),
         stacks=tuple((c, tuple(v[i] for i in keep)) for c, v in full.items()),
-        hover=tuple(f"{points[i].op} · {points[i].layer or '(model)'} · {points[i].phase}" for i in keep),
+        hover=tuple(f"{_short(points[i].op)} · {_short(points[i].layer) or '(model)'} · {points[i].phase}"
+                    for i in keep),
         phases=tuple((str(a), int(b), int(c)) for a, b, c in phases),
-        peak=(top.index, totals[peak_index], label), peak_level=level, note=note)
+        peak=(top.index, totals[peak_index], label), peak_level=level, reported=reported, note=note)
+
+
+def named_phases(chart: Timeline) -> list[tuple[str, int, int]]:
+    """The phase runs wide enough to carry their name in the chart."""
+    span = max(chart.x[-1] - chart.x[0] + 1, 1)
+    return [run for run in chart.phases if (run[2] - run[1] + 1) / span >= MIN_PHASE_LABEL]
 
 
 def _layer_value(row: LayerRow, category: str) -> int:

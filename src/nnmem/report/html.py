@@ -10,7 +10,18 @@ import html
 from typing import Any
 
 from nnmem.errors import MissingFrameworkError
-from nnmem.report.charts import CATEGORY_COLORS, PHASE_COLORS, Bars, Chart, Curves, Page, Timeline, charts_for, unit_for
+from nnmem.report.charts import (
+    CATEGORY_COLORS,
+    PHASE_COLORS,
+    Bars,
+    Chart,
+    Curves,
+    Page,
+    Timeline,
+    charts_for,
+    named_phases,
+    unit_for,
+)
 from nnmem.units import format_bytes
 
 __all__ = ["to_html", "notebook_html", "figure"]
@@ -37,24 +48,35 @@ def _scaled(values: tuple[int, ...], size: int) -> list[float]:
 
 
 def _timeline(go: Any, chart: Timeline) -> Any:
-    unit, size = unit_for(max(chart.peak[1], 1))
+    unit, size = unit_for(max(chart.peak[1], chart.reported[0] if chart.reported else 0, 1))
     fig = go.Figure()
-    for phase, first, last in chart.phases:
+    named = named_phases(chart)
+    for run in chart.phases:
+        phase, first, last = run
         fig.add_vrect(x0=first - 0.5, x1=last + 0.5, fillcolor=PHASE_COLORS.get(phase, "#eeeeee"), opacity=0.6,
-                      layer="below", line_width=0, annotation_text=phase, annotation_position="top left")
+                      layer="below", line_width=0, annotation_text=phase if run in named else "",
+                      annotation_position="top left")
     for category, values in chart.stacks:
         fig.add_trace(go.Scatter(
             x=list(chart.x), y=_scaled(values, size), name=category, mode="lines", stackgroup="live",
             line={"width": 0.5, "color": CATEGORY_COLORS.get(category, "#888888")}, customdata=list(chart.hover),
             hovertemplate=f"%{{customdata}}<br>{category}: %{{y:.3f}} {unit}<extra></extra>"))
     index, peak, label = chart.peak
+    text = "<br>".join(html.escape(line) for line in label.split("\n"))
     fig.add_trace(go.Scatter(x=[index], y=[peak / size], mode="markers", name="peak", showlegend=False,
                              marker={"symbol": "triangle-down", "size": 12, "color": "#000000"},
-                             hovertemplate=f"{html.escape(label)}<extra></extra>"))
-    fig.add_annotation(x=index, y=peak / size, text=html.escape(label), showarrow=True, arrowhead=2, ax=40, ay=-28,
-                       xanchor="left", bgcolor="rgba(255,255,255,0.85)")
+                             hovertemplate=f"{text}<extra></extra>"))
+    right_half = index > (chart.x[0] + chart.x[-1]) / 2
+    fig.add_annotation(x=index, y=peak / size, text=text, showarrow=True, arrowhead=2, ax=-40 if right_half else 40,
+                       ay=-28, xanchor="right" if right_half else "left", align="left",
+                       bgcolor="rgba(255,255,255,0.85)")
+    top = peak
+    if chart.reported is not None:
+        top = chart.reported[0]
+        fig.add_hline(y=top / size, line_dash="dash", line_color="#000000", annotation_text=chart.reported[1],
+                      annotation_position="bottom right")
     fig.update_layout(xaxis_title="op in the step", yaxis_title=f"live ({chart.peak_level} level), {unit}",
-                      yaxis_range=[0, 1.3 * peak / size])
+                      yaxis_range=[0, 1.3 * top / size])
     return fig
 
 

@@ -11,7 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from nnmem.errors import MissingFrameworkError
-from nnmem.report.charts import CATEGORY_COLORS, PHASE_COLORS, Bars, Chart, Curves, Timeline, charts_for, unit_for
+from nnmem.report.charts import (
+    CATEGORY_COLORS,
+    PHASE_COLORS,
+    Bars,
+    Chart,
+    Curves,
+    Timeline,
+    charts_for,
+    named_phases,
+    unit_for,
+)
 from nnmem.units import format_bytes
 
 __all__ = ["write_png", "draw"]
@@ -31,22 +41,31 @@ def _pyplot() -> Any:
 
 
 def _timeline(ax: Any, chart: Timeline) -> None:
-    unit, size = unit_for(max(chart.peak[1], 1))
+    unit, size = unit_for(max(chart.peak[1], chart.reported[0] if chart.reported else 0, 1))
     for phase, first, last in chart.phases:
         ax.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS.get(phase, "#eeeeee"), zorder=0)
+    for phase, first, _ in named_phases(chart):
         ax.text(first, 1.0, f" {phase}", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="#555555")
     names = [c for c, _ in chart.stacks]
     ax.stackplot(list(chart.x), *[[v / size for v in values] for _, values in chart.stacks], labels=names,
                  colors=[CATEGORY_COLORS.get(c, "#888888") for c in names], linewidth=0.3, zorder=2)
     index, peak, label = chart.peak
-    ax.annotate(label, xy=(index, peak / size), xytext=(12, 14), textcoords="offset points", fontsize=8,
-                arrowprops={"arrowstyle": "->"}, bbox={"boxstyle": "round", "fc": "white", "alpha": 0.85})
-    ax.set_ylim(0, 1.3 * peak / size)
+    right_half = index > (chart.x[0] + chart.x[-1]) / 2
+    ax.annotate(label, xy=(index, peak / size), xytext=(-14 if right_half else 14, 8), textcoords="offset points",
+                fontsize=8, ha="right" if right_half else "left", va="bottom", arrowprops={"arrowstyle": "->"},
+                bbox={"boxstyle": "round", "fc": "white", "alpha": 0.85})
+    top = peak
+    if chart.reported is not None:
+        top = chart.reported[0]
+        ax.axhline(top / size, ls="--", color="black", lw=1)
+        ax.text(1.0, top / size, f"{chart.reported[1]} ", transform=ax.get_yaxis_transform(), ha="right",
+                va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.3 * top / size)
     ax.set_xlim(chart.x[0] - 0.5, chart.x[-1] + 0.5)
     ax.set_xlabel("op in the step")
     ax.set_ylabel(f"live ({chart.peak_level} level), {unit}")
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], labels[::-1], fontsize=7, loc="upper right", ncol=2)
+    ax.legend(handles[::-1], labels[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _bar_totals(chart: Bars) -> list[int]:
