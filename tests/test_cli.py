@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -517,3 +518,21 @@ def test_progress_is_silent_with_json_and_when_stderr_is_not_a_terminal() -> Non
         assert progress is None
     with cli_module._progress() as progress:  # pytest captures stderr: not a terminal
         assert progress is None
+
+
+def test_no_color_is_accepted_anywhere_and_output_is_plain_off_a_terminal() -> None:
+    for args in (["--no-color", "estimate", "mlp"], ["estimate", "mlp", "--no-color"]):
+        result = invoke(*args)
+        assert result.exit_code == 0, result.output
+        assert "\x1b[" not in result.output and "by category" in result.output
+
+
+def test_colour_only_inside_colored() -> None:
+    from nnmem.report.text import colored, render_report
+
+    report = nnmem.estimate("mlp", batch=4)
+    with colored():
+        painted = render_report(report)
+    plain = render_report(report)
+    assert "\x1b[" in painted and "\x1b[" not in plain
+    assert re.sub(r"\x1b\[[0-9;]*m", "", painted).split() == plain.split()  # the same text, only painted

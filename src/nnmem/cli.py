@@ -26,6 +26,7 @@ from nnmem._api import MODES
 from nnmem.report.output import check_chart_support
 from nnmem.report.plan_text import render_plan
 from nnmem.report.text import (
+    colored,
     render_budget,
     render_comparison,
     render_devices,
@@ -195,11 +196,17 @@ class NnmemGroup(click.Group):
 
 @click.group(cls=NnmemGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(nnmem.__version__, prog_name="nnmem")
-def cli() -> None:
+@click.option("--no-color", "no_color", is_flag=True,
+              help="Plain text on a terminal too (as when the output is piped, or with NO_COLOR set); accepted "
+                   "anywhere on the line.")
+@click.pass_context
+def cli(ctx: click.Context, no_color: bool) -> None:
     """Estimate how much memory a neural network's training or inference step needs, and where it goes.
 
     All sizes are printed in IEC units (1 KiB = 1024 B).
     """
+    color = not no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
+    ctx.with_resource(colored(color))
 
 
 @cli.command()
@@ -518,6 +525,10 @@ def _quiet_framework_logs() -> None:
 def _run(group: click.Group, args: list[str], prog_name: str) -> int:
     """Run ``group`` on the command line ``args`` and return the exit code; print errors as one line."""
     _quiet_framework_logs()
+    if "--no-color" in args[1:]:  # a group option, accepted after the command too: `nnmem estimate mlp --no-color`
+        cut = args.index("--") if "--" in args else len(args)
+        if "--no-color" in args[:cut]:
+            args = ["--no-color", *[a for a in args[:cut] if a != "--no-color"], *args[cut:]]
     try:
         with group.make_context(prog_name, args) as ctx:
             group.invoke(ctx)

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from rich import box
 from rich.console import Console, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from nnmem.devices import Device
+from nnmem.report.charts import CATEGORY_COLORS
 from nnmem.report.compare import Comparison
 from nnmem.report.layers import default_depth, depth_of, fold, largest
 from nnmem.report.model import LayerRow, Report
@@ -23,6 +27,7 @@ from nnmem.whatif.explain import Explanation, ModeFigures
 
 __all__ = [
     "IEC_NOTE",
+    "colored",
     "render_report",
     "render_summary",
     "render_comparison",
@@ -37,9 +42,24 @@ IEC_NOTE = "IEC units (1 KiB = 1024 B)"
 _SOURCE_LABEL = {"estimate": "estimated", "measure": "measured"}
 
 
+_COLOR: ContextVar[bool] = ContextVar("nnmem_color", default=False)
+
+
+@contextmanager
+def colored(on: bool = True) -> Iterator[None]:
+    """Render in colour inside this block (bold headings, the breakdown's bars in their category's colour, for a
+    terminal); plain text, with no control codes, outside it."""
+    token = _COLOR.set(on)
+    try:
+        yield
+    finally:
+        _COLOR.reset(token)
+
+
 def _render(*items: RenderableType, width: int) -> str:
-    """Render rich objects to plain text (no colour, no terminal control codes)."""
-    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False,
+    """Render rich objects to text: plain (no colour, no terminal control codes) unless inside :func:`colored`."""
+    color = _COLOR.get()
+    console = Console(file=io.StringIO(), width=width, color_system="256" if color else None, force_terminal=color,
                       force_jupyter=False, force_interactive=False, highlight=False, emoji=False,
                       markup=False, soft_wrap=False)
     for item in items:
@@ -150,12 +170,13 @@ def _layer_section(report: Report, width: int, depth: int | None, top: int | Non
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
-def _bar(part: int, whole: int, width: int) -> str:
-    """A horizontal bar of ``part / whole`` of ``width`` characters, in eighths of a character."""
+def _bar(part: int, whole: int, width: int, category: str = "") -> Text:
+    """A horizontal bar of ``part / whole`` of ``width`` characters, in eighths of a character, in the category's
+    colour (shown only inside :func:`colored`)."""
     if whole <= 0 or part <= 0:
-        return ""
+        return Text("")
     eighths = round(8 * width * min(part / whole, 1.0))
-    return ("█" * (eighths // 8) + _EIGHTHS[eighths % 8]).rstrip() or "▏"
+    return Text(("█" * (eighths // 8) + _EIGHTHS[eighths % 8]).rstrip() or "▏", style=CATEGORY_COLORS.get(category, ""))
 
 
 def _breakdown_section(report: Report, width: int) -> list[RenderableType]:
@@ -168,7 +189,7 @@ def _breakdown_section(report: Report, width: int) -> list[RenderableType]:
     table.add_column("share", footer=_share(total, total), justify="right", no_wrap=True)
     table.add_column("", no_wrap=True, min_width=bar_width, max_width=bar_width)
     for category, nbytes in sorted(report.breakdown.items(), key=lambda kv: -kv[1]):
-        table.add_row(category, _bytes(nbytes), _share(nbytes, total), _bar(nbytes, largest, bar_width))
+        table.add_row(category, _bytes(nbytes), _share(nbytes, total), _bar(nbytes, largest, bar_width, category))
     return [f"at the peak ({report.level} level), by category", table]
 
 
