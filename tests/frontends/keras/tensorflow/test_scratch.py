@@ -164,3 +164,30 @@ def test_the_bfc_model_splits_chunks_where_tensorflow_does(first: int, second: i
     model.release(model.alloc(first << 20)[0])
     measured = run_in_child(lambda: _bfc_in_use_after(first, second), timeout_s=120)
     assert measured == model.alloc(second << 20)[1]
+
+
+def test_the_unmodelled_kernel_note_looks_inside_while_loop_bodies() -> None:
+    import keras
+    import numpy as np
+
+    import nnmem
+    from nnmem import cpu
+
+    class LoopedDepthwise(keras.layers.Layer):  # a depthwise convolution run in a while loop's body function
+        def build(self, shape: Any) -> None:
+            self.w = self.add_weight(shape=(3, 3, shape[-1], 1))
+
+        def call(self, x: Any) -> Any:
+            def body(_: Any, y: Any) -> Any:
+                return tf.nn.depthwise_conv2d(y, tf.cast(self.w, y.dtype), [1, 1, 1, 1], "SAME")
+
+            return keras.ops.fori_loop(0, 2, body, x)
+
+    inputs = keras.Input((8, 8, 4))
+    model = keras.Model(inputs, LoopedDepthwise(dtype="mixed_float16")(inputs))
+    report = nnmem.estimate(model, np.zeros((2, 8, 8, 4), np.float32), mode="infer")
+    noted = [n for n in report.notes if n.startswith("not modelled on this CPU")]
+    if scratch.onednn_takes(tf.half, cpu.describe().flags):  # oneDNN runs it: nothing to note on this CPU
+        assert noted == []
+    else:
+        assert len(noted) == 1 and "float16 DepthwiseConv2dNative" in noted[0]

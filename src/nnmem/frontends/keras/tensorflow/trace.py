@@ -318,7 +318,9 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
             "while_loops": while_loops(graph, replay.functions),
             "allocator_model": "BFC: 256-byte chunks, sequential schedule",
             "peak_low": low, "peak_high": high, "inter_op_threads": threads}
-    fallback = eigen_fallback_note(ops, cpu.describe().flags, onednn_enabled())
+    bodies = [op for f in replay.functions.values() if getattr(f, "graph", None) is not None
+              for op in f.graph.get_operations()]  # a while loop's cell runs its matmuls in its body function
+    fallback = eigen_fallback_note([*ops, *bodies], cpu.describe().flags, onednn_enabled())
     if fallback is not None:
         info["unmodelled"] = fallback
     if step.mode == "train":
