@@ -109,3 +109,36 @@ def test_pinned_schedule_repeats_between_processes() -> None:
     ran in an order that followed heap addresses. Pinned, every process runs the same order."""
     _, peaks, _ = _measured("keras_separable_cnn", "train")
     assert max(peaks) - min(peaks) <= 0.01 * min(peaks), peaks
+
+
+_MANY_SMALL_VARIABLES = '''
+import keras
+import numpy as np
+
+
+def deep(batch):
+    inputs = keras.Input((4,))
+    x = inputs
+    for _ in range(10):
+        x = keras.layers.Dense(4)(x)
+    model = keras.Model(inputs, x)
+    model.compile(optimizer="adam", loss="mse")
+    return model, np.ones((batch, 4), np.float32), np.ones((batch, 4), np.float32)
+'''
+
+
+def test_every_variable_holds_a_handle_chunk(tmp_path: Any) -> None:
+    """Ten Dense layers of 4 units: 20 variables whose values are 256 B chunks, each with a 256 B handle, and a
+    compiled model's optimizer and loss-tracker variables, which an inference step does not use but the process
+    holds: the BFC's bytes in use before the step, and its peak, as estimated."""
+    import re
+
+    import nnmem
+
+    path = tmp_path / "many_small.py"
+    path.write_text(_MANY_SMALL_VARIABLES)
+    report = nnmem.measure(f"{path}:deep", batch=8, mode="infer", timeout_s=240)
+    found = re.search(r"([\d,]+) B in use before the step \(estimated resident: ([\d,]+) B\)", " ".join(report.notes))
+    assert found is not None, report.notes
+    assert found.group(1) == found.group(2)  # was 12,544 B measured against 5,376 B estimated, without the handles
+    assert report.peak_bytes == report.meta["estimated_peak"]

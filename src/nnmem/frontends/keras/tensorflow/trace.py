@@ -37,7 +37,16 @@ from nnmem.frontends.keras.tensorflow.scratch import VIEWS, eigen_fallback_note,
 from nnmem.frontends.keras.tensorflow.spread import peak_in_use, peak_range
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
-__all__ = ["RANDOM_INITIALIZER_TEMPORARIES", "trace_step"]
+__all__ = ["RANDOM_INITIALIZER_TEMPORARIES", "RESOURCE_HANDLE_BYTES", "trace_step"]
+
+RESOURCE_HANDLE_BYTES = 256
+"""The BFC chunk each variable's handle holds for the variable's lifetime: ``VarHandleOp``
+(``resource_variable_ops.cc``) allocates its output, a scalar ``DT_RESOURCE`` tensor of one ``ResourceHandle``
+(device, container and name strings, hash, type and the dtypes-and-shapes list: under 256 B), on the host
+allocator, the BFC allocator on a CPU, whose smallest chunk is 256 B. Measured: ten float32 variables of 4
+elements take 5,120 B of BFC bytes in use, 512 B each (256 B value, 256 B handle); keras_mlp's 22 training
+variables (weights, Adam's slots, iterations, learning rate, the loss tracker's two) left its resident bytes
+5,632 B = 22 x 256 B under the BFC's before they were counted."""
 
 
 @dataclass
@@ -193,12 +202,37 @@ def _resident(step: KerasStep, graph: Any) -> tuple[list[Block], list[int]]:
     for v, category, layer in resident_variables(step.model, step.mode):
         blocks.append(Block(len(blocks), array_nbytes(v), category, layer, Phase.SETUP, -1, -1))
         before.append(temps.get(id(v), 0))
+    variables = [(layer, category) for _, category, layer in resident_variables(step.model, step.mode)]
     for leaf in flat_arrays((step.x, step.y) if step.mode == "train" else step.x):
         blocks.append(Block(len(blocks), array_nbytes(leaf), Category.INPUTS, "", Phase.SETUP, -1, -1))
     consts = sum(bfc_round(tensor_bytes(op.outputs[0])) for op in graph.get_operations() if op.type == "Const")
     if consts:  # ConstantOp keeps its tensor for the kernel's lifetime: live before and after the step
         blocks.append(Block(len(blocks), consts, Category.BUFFERS, "", Phase.SETUP, -1, -1))
+    for v, category, layer in _idle_variables(step):  # a compiled model's optimizer and metrics, at inference
+        blocks.append(Block(len(blocks), array_nbytes(v), category, layer, Phase.SETUP, -1, -1))
+        variables.append((layer, category))
+    for layer, _ in variables:  # each variable's handle (after the blocks the graph's captures index)
+        blocks.append(Block(len(blocks), RESOURCE_HANDLE_BYTES, Category.BUFFERS, layer, Phase.SETUP, -1, -1))
     return blocks, before + [0] * (len(blocks) - len(before))
+
+
+def _idle_variables(step: KerasStep) -> list[tuple[Any, Category, str]]:
+    """Variables that live in the process but that an inference step does not use: a compiled model's optimizer
+    variables (its iteration count and learning rate before the first training step) and its metrics' (the loss
+    tracker's total and count). None for a training step, whose resident variables include them."""
+    if step.mode == "train":
+        return []
+    used = {id(v) for v, _, _ in resident_variables(step.model, step.mode)}
+    optimizer = getattr(step.model, "optimizer", None)
+    idle = [(v, Category.OPTIMIZER_STATE, "") for v in (getattr(optimizer, "variables", None) or ())]
+    idle += [(v, Category.BUFFERS, "") for v in getattr(step.model, "metrics_variables", ())]
+    seen: set[int] = set()
+    out = []
+    for v, category, layer in idle:
+        if id(v) not in used and id(v) not in seen:
+            seen.add(id(v))
+            out.append((v, category, layer))
+    return out
 
 
 def variable_handles(step: KerasStep, graph: Any) -> dict[str, int]:
