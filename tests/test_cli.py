@@ -536,3 +536,17 @@ def test_colour_only_inside_colored() -> None:
     plain = render_report(report)
     assert "\x1b[" in painted and "\x1b[" not in plain
     assert re.sub(r"\x1b\[[0-9;]*m", "", painted).split() == plain.split()  # the same text, only painted
+
+
+@pytest.mark.parametrize("args", [
+    ("estimate", "mlp"), ("estimate", "gpt", "--batch", "2"), ("fit", "mlp", "--budget", "1GiB"),
+    ("explain", "mlp", "--budget", "1GiB"), ("whatif", "gpt", "--batch", "2", "--budget", "64MiB", "--checkpoint",
+                                             "blocks", "--technique", "accumulate:2"),
+    ("devices",), ("examples",), ("measure", "mlp", "--batch", "4"),
+])
+def test_every_command_fits_80_columns_without_cutting_a_figure(args: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, list(args), env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    widest = max(result.stdout.splitlines(), key=len)
+    assert len(widest) <= 80, widest
+    assert "…" not in result.stdout  # rich's mark of a cell cut short

@@ -179,8 +179,8 @@ def _report_width() -> int:
 
 
 def _width() -> int:
-    """Render at the terminal's width, but never so narrow that the tables fold, nor wider than 160."""
-    return max(120, min(160, shutil.get_terminal_size((120, 24)).columns))
+    """Render at the terminal's width, 80 to 160 columns: below 118 the tables take their compact form."""
+    return _report_width()
 
 
 class NnmemGroup(click.Group):
@@ -269,8 +269,8 @@ def measure(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mo
     if as_json:
         click.echo(json.dumps(comparison.to_dict(budget_bytes=budget), indent=2))
     else:
-        click.echo(render_summary(estimated))
-        click.echo(render_summary(measured))
+        click.echo(render_summary(estimated, width=_width()))
+        click.echo(render_summary(measured, width=_width()))
         click.echo(render_comparison(comparison, width=_width()), nl=False)
         if budget is not None:
             click.echo(f"measured peak {render_budget(measured.peak_bytes, budget)}")

@@ -7,7 +7,7 @@ from rich import box
 from rich.console import RenderableType
 from rich.table import Table
 
-from nnmem.report.text import IEC_NOTE, _render
+from nnmem.report.text import COMPACT_BELOW, IEC_NOTE, _render, keep_figures_whole
 from nnmem.units import format_bytes
 from nnmem.whatif.plan import MemoryPlan, PlanRow
 
@@ -25,17 +25,19 @@ def render_plan(p: MemoryPlan, *, width: int = 120) -> str:
     header = (f"plan for {p.model} (train, batch {p.batch}, {base.report.optimizer or 'sgd'}) within "
               f"{format_bytes(p.budget_bytes)}: as it is {format_bytes(base.peak_bytes)} "
               f"({100 * base.peak_bytes / p.budget_bytes:.0f} % of the budget)")
+    compact = width < COMPACT_BELOW  # short headings and labels: fits 80 columns
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("", no_wrap=True)
     table.add_column("techniques", overflow="fold")
-    table.add_column(f"peak ({p.level})", justify="right", no_wrap=True)
-    table.add_column("of budget", justify="right", no_wrap=True)
-    table.add_column("recomputed", justify="right", no_wrap=True)
-    table.add_column("micro-batches", justify="right", no_wrap=True)
+    table.add_column("peak" if compact else f"peak ({p.level})", justify="right", no_wrap=True)
+    table.add_column("budget" if compact else "of budget", justify="right", no_wrap=True)
+    table.add_column("+FLOPs" if compact else "recomputed", justify="right", no_wrap=True)
+    table.add_column("micro" if compact else "micro-batches", justify="right", no_wrap=True)
     for row in p.front:
-        table.add_row("→" if row is p.chosen else "", _label(row), format_bytes(row.peak_bytes),
-                      f"{100 * row.peak_bytes / p.budget_bytes:.0f} %", f"+{100 * row.extra_compute:.1f} % FLOPs",
-                      str(row.micro_batches))
+        table.add_row("→" if row is p.chosen else "", _label(row, 36 if compact else 70), format_bytes(row.peak_bytes),
+                      f"{100 * row.peak_bytes / p.budget_bytes:.0f} %",
+                      f"+{100 * row.extra_compute:.1f} %" + ("" if compact else " FLOPs"), str(row.micro_batches))
+    keep_figures_whole(table)
     lines: list[RenderableType] = [header, table, f"chosen: {p.chosen.label()}", "", p.code(), ""]
     if p.measured is not None:
         verdict = "within" if p.measured.peak_bytes <= p.budget_bytes else "OVER"

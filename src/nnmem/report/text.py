@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -28,6 +29,7 @@ from nnmem.whatif.explain import Explanation, ModeFigures
 __all__ = [
     "IEC_NOTE",
     "colored",
+    "keep_figures_whole",
     "render_report",
     "render_summary",
     "render_comparison",
@@ -66,6 +68,16 @@ def _render(*items: RenderableType, width: int) -> str:
         console.print(item)
     output = console.file.getvalue()  # type: ignore[attr-defined]
     return "\n".join(line.rstrip() for line in output.splitlines()) + "\n"
+
+
+def keep_figures_whole(table: Table) -> Table:
+    """Make each right-aligned (figure) column and each no-wrap column at least as wide as its widest cell, so
+    that a narrow terminal shrinks the free-text columns and never cuts a number or a name ("19.64 M…")."""
+    for column in table.columns:
+        if column.justify == "right" or column.no_wrap:
+            cells = [str(column.header), *(str(c) for c in column._cells)]
+            column.min_width = max(len(c) for c in cells)
+    return table
 
 
 def _bytes(n: int) -> str:
@@ -244,8 +256,9 @@ def render_report(report: Report, *, width: int = 120, depth: int | None = None,
     return _render(*items, width=width)
 
 
-def render_summary(report: Report) -> str:
-    """The key figures of a report in a few lines (for side-by-side use, e.g. ``nnmem measure``)."""
+def render_summary(report: Report, *, width: int | None = None) -> str:
+    """The key figures of a report in a few lines (for side-by-side use, e.g. ``nnmem measure``); with ``width``,
+    each line wrapped to it between words (continuations indented)."""
     categories = ", ".join(f"{c} {format_bytes(b)}" for c, b in sorted(report.breakdown.items(), key=lambda kv: -kv[1]))
     peaks = ", ".join(f"{level} {format_bytes(b)}" for level, b in report.peaks.items())
     lines = [
@@ -256,6 +269,9 @@ def render_summary(report: Report) -> str:
         f"  at the peak: {categories}",
     ]
     lines += [f"  note: {note}" for note in report.notes]
+    if width is not None:
+        lines = [part for line in lines for part in textwrap.wrap(line, width, subsequent_indent="    ",
+                                                                 break_long_words=False, break_on_hyphens=False)]
     return "\n".join(lines) + "\n"
 
 
@@ -430,17 +446,23 @@ def render_explanation(exp: Explanation, *, model: str, width: int = 120) -> str
 
 def render_devices(devices: Iterable[Device], *, width: int = 120) -> str:
     """The device catalog: memory, what is not available to tensors, bandwidth and the source of each figure."""
+    compact = width < COMPACT_BELOW  # no kind column, the sources numbered below the table: fits 80 columns
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("name", no_wrap=True)
-    table.add_column("kind", no_wrap=True)
+    if not compact:
+        table.add_column("kind", no_wrap=True)
     table.add_column("memory", justify="right", no_wrap=True)
     table.add_column("not for tensors", justify="right", no_wrap=True)
     table.add_column("usable", justify="right", no_wrap=True)
     table.add_column("GB/s", justify="right", no_wrap=True)
-    table.add_column("source", overflow="fold")
-    for d in devices:
-        table.add_row(d.name, d.kind, format_bytes(d.memory_bytes), format_bytes(d.context_bytes),
-                      format_bytes(d.usable_bytes), f"{d.bandwidth_gbps:,.0f}", d.source)
+    table.add_column("source", overflow="fold", no_wrap=compact)
+    devices = list(devices)
+    for k, d in enumerate(devices, 1):
+        kind = [] if compact else [d.kind]
+        table.add_row(d.name, *kind, format_bytes(d.memory_bytes), format_bytes(d.context_bytes),
+                      format_bytes(d.usable_bytes), f"{d.bandwidth_gbps:,.0f}", f"[{k}]" if compact else d.source)
+    keep_figures_whole(table)
     note = ("'not for tensors' is the CUDA context and library handles (cuBLAS / cuDNN), an estimate per "
             "architecture; use the name with --device")
-    return _render("device catalog", table, note, IEC_NOTE, width=width)
+    sources = [f"[{k}] {d.name}: {d.source}" for k, d in enumerate(devices, 1)] if compact else []
+    return _render("device catalog", table, *sources, note, IEC_NOTE, width=width)

@@ -6,7 +6,7 @@ from rich import box
 from rich.console import RenderableType
 from rich.table import Table
 
-from nnmem.report.text import IEC_NOTE, _render
+from nnmem.report.text import COMPACT_BELOW, IEC_NOTE, _render, keep_figures_whole
 from nnmem.units import format_bytes
 from nnmem.whatif.accumulation import Accumulation
 from nnmem.whatif.compare import TechniqueRow, WhatIf
@@ -33,24 +33,30 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
     batch = f", batch {w.batch}" if w.batch else ""
     opt = f", {base.report.optimizer}" if base.report.optimizer else ""
     header = f"what-if for {w.model} ({w.mode}{batch}{opt}): each row is the step traced with the technique applied"
+    compact = width < COMPACT_BELOW  # short headings, the saved share and "FLOPs" left out: fits 80 columns
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("technique", no_wrap=True)
-    table.add_column(f"peak ({w.level})", justify="right", no_wrap=True)
+    table.add_column("technique", overflow="fold")
+    table.add_column("peak" if compact else f"peak ({w.level})", justify="right", no_wrap=True)
     table.add_column("saved", justify="right", no_wrap=True)
-    table.add_column("extra compute", justify="right", no_wrap=True)
+    table.add_column("+FLOPs" if compact else "extra compute", justify="right", no_wrap=True)
     if w.budget_bytes is not None:
-        table.add_column("largest batch train / infer", justify="right", no_wrap=True)
+        table.add_column("batch train / infer" if compact else "largest batch train / infer", justify="right",
+                         no_wrap=True)
     counted = base.flops > 0  # FLOPs are counted on PyTorch steps
     for row in (base, *w.rows):
         saved = w.saved(row)
         share = f"{100 * saved / base.peak_bytes:+.1f} %".replace("-", "−") if base.peak_bytes else "—"
+        flops = f"{100 * w.extra_compute(row):+.1f} %" + ("" if compact else " FLOPs")
         cells = [row.technique, format_bytes(row.peak_bytes),
-                 "—" if row is base else f"{_signed(saved)} ({share})",
-                 "—" if row is base or not counted else f"{100 * w.extra_compute(row):+.1f} % FLOPs".replace("-", "−")]
+                 "—" if row is base else _signed(saved) if compact else f"{_signed(saved)} ({share})",
+                 "—" if row is base or not counted else flops.replace("-", "−")]
         if w.budget_bytes is not None:
             cells.append(" / ".join(f"{b:,}" if b is not None else "—" for b in (row.train_batch, row.infer_batch)))
         table.add_row(*cells)
+    keep_figures_whole(table)
     lines: list[RenderableType] = [header, table]
+    if compact:
+        lines.append(f"peak at the {w.level} level; +FLOPs: extra compute, as a share of the baseline step's FLOPs")
     lines += [f"{row.technique}: {row.description}; {_moved(w, row)}" for row in w.rows]
     if w.budget_bytes is not None:
         lines.append(f"largest batches within {format_bytes(w.budget_bytes)}; checkpointing, accumulation and the "
