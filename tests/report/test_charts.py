@@ -182,3 +182,10 @@ def test_timeline_marks_a_reported_peak_its_stacks_do_not_reach() -> None:
     assert chart.reported[0] == report.peak_bytes > chart.peak[1]
     assert "reserved level" in chart.reported[1]
     assert timeline_chart(nnmem.estimate("mlp", batch=32)).reported is None  # type: ignore[union-attr]
+
+
+def test_whatif_captions_leave_out_flops_where_none_were_counted() -> None:
+    result = nnmem.what_if("gpt", batch=2, optimizer="adam", techniques=["accumulate:2"])
+    uncounted = dataclasses.replace(result, baseline=dataclasses.replace(result.baseline, flops=0),
+                                    rows=tuple(dataclasses.replace(r, flops=0) for r in result.rows))
+    assert "FLOPs" in whatif_chart(result).text[1] and "FLOPs" not in whatif_chart(uncounted).text[1]
