@@ -173,14 +173,10 @@ def _opt(optimizer: str | None) -> str | None:
     return optimizer.lower() if optimizer else None
 
 
-def _report_width() -> int:
-    """The terminal's width for a report, 80 to 160 columns: its per-layer table fits 80 (compact there)."""
-    return max(80, min(160, shutil.get_terminal_size((120, 24)).columns))
-
-
 def _width() -> int:
-    """Render at the terminal's width, 80 to 160 columns: below 118 the tables take their compact form."""
-    return _report_width()
+    """Render at the terminal's width, 80 to 160 columns: below 118 columns the tables take their compact form
+    (every command's output fits 80)."""
+    return max(80, min(160, shutil.get_terminal_size((120, 24)).columns))
 
 
 class NnmemGroup(click.Group):
@@ -235,7 +231,7 @@ def estimate(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], m
     if as_json:
         click.echo(report.to_json(budget_bytes=budget))
     else:
-        click.echo(render_report(report, width=_report_width(), depth=depth, top=top), nl=False)
+        click.echo(render_report(report, width=_width(), depth=depth, top=top), nl=False)
         if budget is not None:
             click.echo(render_budget(report.peak_bytes, budget))
     _save_charts(report, html_path, png_dir)
