@@ -9,7 +9,6 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from nnmem.errors import MissingFrameworkError
 from nnmem.report.charts import (
     CATEGORY_COLORS,
     PHASE_COLORS,
@@ -22,6 +21,7 @@ from nnmem.report.charts import (
     named_phases,
     unit_for,
 )
+from nnmem.report.output import check_chart_support
 from nnmem.units import format_bytes
 
 __all__ = ["to_html", "notebook_html", "figure"]
@@ -36,10 +36,9 @@ ul.notes { font-size: 13px; color: #7a4a00; }
 
 
 def _plotly() -> Any:
-    try:
-        import plotly.graph_objects as go
-    except ImportError as err:
-        raise MissingFrameworkError("HTML reports need Plotly: pip install 'nnmem[report]'") from err
+    check_chart_support(html=True)
+    import plotly.graph_objects as go
+
     return go
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nnmem.errors import MissingFrameworkError
 from nnmem.report.charts import (
     CATEGORY_COLORS,
     PHASE_COLORS,
@@ -22,6 +21,7 @@ from nnmem.report.charts import (
     named_phases,
     unit_for,
 )
+from nnmem.report.output import check_chart_support
 from nnmem.units import format_bytes
 
 __all__ = ["write_png", "draw"]
@@ -30,10 +30,9 @@ DPI = 90
 
 
 def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as err:
-        raise MissingFrameworkError("PNG charts need matplotlib: pip install 'nnmem[report]'") from err
+    check_chart_support(png=True)
+    import matplotlib
+
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
