@@ -95,6 +95,11 @@ class Bars:
     colors: tuple[str, ...] = ()
     note: str = ""
 
+    def totals(self) -> list[int]:
+        """Each bar's length in bytes: its series summed when stacked, the longest of them side by side."""
+        return [sum(s[1][i] for s in self.series) if self.stacked else max(s[1][i] for s in self.series)
+                for i in range(len(self.labels))]
+
 
 @dataclass(frozen=True)
 class Curves:
@@ -251,7 +256,7 @@ def comparison_chart(comparison: Comparison) -> Bars:
                 note="the caption of each pair is the estimate's error against the measurement")
 
 
-def _fit_line(mode: str, fit: FitResult) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _fit_line(fit: FitResult) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if fit.curve is not None and fit.batch:
         top = max(2, int(fit.batch * 1.25))
         batches = sorted({1, *(max(1, round(top * k / 40)) for k in range(41)), fit.batch, fit.batch + 1})
@@ -266,7 +271,7 @@ def batch_chart(fits: Fits | Sequence[tuple[str, FitResult]], *, model: str = ""
     lines, points = [], []
     budget = None
     for mode, fit in results:
-        xs, ys = _fit_line(mode, fit)
+        xs, ys = _fit_line(fit)
         color = MODE_COLORS.get(mode, "#444444")
         lines.append((mode, xs, ys, color))
         points.append((f"largest {mode} batch: {fit.batch:,}", fit.batch, fit.peak_bytes, color))

@@ -80,11 +80,8 @@ def _timeline(go: Any, chart: Timeline) -> Any:
 
 
 def _bars(go: Any, chart: Bars) -> Any:
-    largest = max((sum(s[1][i] for s in chart.series) if chart.stacked else max(s[1][i] for s in chart.series)
-                   for i in range(len(chart.labels))), default=1)
-    if chart.line is not None:
-        largest = max(largest, chart.line[0])
-    unit, size = unit_for(max(largest, 1))
+    totals = chart.totals()
+    unit, size = unit_for(max([*totals, chart.line[0] if chart.line else 1, 1]))
     fig = go.Figure()
     labels = list(chart.labels)
     for name, values, color in chart.series:
@@ -94,8 +91,6 @@ def _bars(go: Any, chart: Bars) -> Any:
                              orientation="h" if chart.horizontal else "v", customdata=[format_bytes(v) for v in values],
                              hovertemplate=f"{html.escape(name)}: %{{customdata}}<extra></extra>", **xy))
     if chart.text:
-        totals = [sum(s[1][i] for s in chart.series) if chart.stacked else max(s[1][i] for s in chart.series)
-                  for i in range(len(labels))]
         for label, total, text in zip(labels, totals, chart.text):
             xy = {"x": total / size, "y": label, "xanchor": "left"} if chart.horizontal else \
                 {"x": label, "y": total / size, "yanchor": "bottom"}

@@ -67,13 +67,8 @@ def _timeline(ax: Any, chart: Timeline) -> None:
     ax.legend(handles[::-1], labels[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
-def _bar_totals(chart: Bars) -> list[int]:
-    return [sum(s[1][i] for s in chart.series) if chart.stacked else max(s[1][i] for s in chart.series)
-            for i in range(len(chart.labels))]
-
-
 def _bars(ax: Any, chart: Bars) -> None:
-    totals = _bar_totals(chart)
+    totals = chart.totals()
     unit, size = unit_for(max([*totals, chart.line[0] if chart.line else 1, 1]))
     positions = list(range(len(chart.labels)))
     width = 0.8 if chart.stacked or len(chart.series) == 1 else 0.8 / len(chart.series)
