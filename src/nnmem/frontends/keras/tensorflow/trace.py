@@ -199,37 +199,37 @@ def _resident(step: KerasStep, graph: Any) -> tuple[list[Block], list[int]]:
     blocks: list[Block] = []
     temps = _initializer_temporaries(step.model)
     before: list[int] = []
-    for v, category, layer in resident_variables(step.model, step.mode):
+    used = resident_variables(step.model, step.mode)
+    for v, category, layer in used:
         blocks.append(Block(len(blocks), array_nbytes(v), category, layer, Phase.SETUP, -1, -1))
         before.append(temps.get(id(v), 0))
-    variables = [(layer, category) for _, category, layer in resident_variables(step.model, step.mode)]
     for leaf in flat_arrays((step.x, step.y) if step.mode == "train" else step.x):
         blocks.append(Block(len(blocks), array_nbytes(leaf), Category.INPUTS, "", Phase.SETUP, -1, -1))
     consts = sum(bfc_round(tensor_bytes(op.outputs[0])) for op in graph.get_operations() if op.type == "Const")
     if consts:  # ConstantOp keeps its tensor for the kernel's lifetime: live before and after the step
         blocks.append(Block(len(blocks), consts, Category.BUFFERS, "", Phase.SETUP, -1, -1))
-    for v, category, layer in _idle_variables(step):  # a compiled model's optimizer and metrics, at inference
+    idle = _idle_variables(step, {id(v) for v, _, _ in used})  # a compiled model's optimizer and metrics
+    for v, category, layer in idle:
         blocks.append(Block(len(blocks), array_nbytes(v), category, layer, Phase.SETUP, -1, -1))
-        variables.append((layer, category))
-    for layer, _ in variables:  # each variable's handle (after the blocks the graph's captures index)
+    for _, _, layer in (*used, *idle):  # each variable's handle (after the blocks the graph's captures index)
         blocks.append(Block(len(blocks), RESOURCE_HANDLE_BYTES, Category.BUFFERS, layer, Phase.SETUP, -1, -1))
     return blocks, before + [0] * (len(blocks) - len(before))
 
 
-def _idle_variables(step: KerasStep) -> list[tuple[Any, Category, str]]:
-    """Variables that live in the process but that an inference step does not use: a compiled model's optimizer
-    variables (its iteration count and learning rate before the first training step) and its metrics' (the loss
-    tracker's total and count). None for a training step, whose resident variables include them."""
+def _idle_variables(step: KerasStep, used: set[int]) -> list[tuple[Any, Category, str]]:
+    """Variables that live in the process but that an inference step does not use (``used``: the ids of those
+    it does): a compiled model's optimizer variables (its iteration count and learning rate before the first
+    training step) and its metrics' (the loss tracker's total and count). None for a training step, whose
+    resident variables include them."""
     if step.mode == "train":
         return []
-    used = {id(v) for v, _, _ in resident_variables(step.model, step.mode)}
     optimizer = getattr(step.model, "optimizer", None)
     idle = [(v, Category.OPTIMIZER_STATE, "") for v in (getattr(optimizer, "variables", None) or ())]
     idle += [(v, Category.BUFFERS, "") for v in getattr(step.model, "metrics_variables", ())]
-    seen: set[int] = set()
+    seen = set(used)
     out = []
     for v, category, layer in idle:
-        if id(v) not in used and id(v) not in seen:
+        if id(v) not in seen:
             seen.add(id(v))
             out.append((v, category, layer))
     return out
