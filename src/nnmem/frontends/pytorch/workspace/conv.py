@@ -16,6 +16,7 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import aten, nbytes
+from nnmem.frontends.pytorch.workspace.conv_bf16 import bf16_backward_modelled, bf16_bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
 from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward
@@ -155,6 +156,11 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         # ideep's deconvolution backward runs oneDNN convolutions with the roles swapped: the same
         # blocked reorders as a forward convolution's backward (ONEDNN_VERBOSE: aBcd16b, BAcd16a16b)
         return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block)
+    if backend == "mkldnn" and bf16_backward_modelled(call, info):
+        first = call.x_shape[1] < 16  # jit_bf16's first convolution: nchw source, Acdb16a weights
+        scratchpad = bf16_bwd_weights_scratch(call, bool(mask[2]), torch.get_num_threads()) if mask[1] else 0
+        return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block,
+                             scratchpad=scratchpad, first=first, weights_block=16)
     if backend != "mkldnn" or call.dtype != torch.float32 or len(call.x_shape) != 4:
         return 0  # conv_note says so
     if onednn_nhwc(call):

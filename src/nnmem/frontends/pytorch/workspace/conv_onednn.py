@@ -95,7 +95,8 @@ def conv_transpose_forward(x: torch.Tensor, weight: torch.Tensor, out: torch.Ten
 
 def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_defined: bool,
                   groups: int, mask: Sequence[bool], outs: Sequence[Any], b: int,
-                  strided_nhwc: bool = False, scratchpad: int = 0) -> int:
+                  strided_nhwc: bool = False, scratchpad: int = 0, first: bool | None = None,
+                  weights_block: int | None = None) -> int:
     """Scratch of ``mkldnn_convolution_backward`` (aten/src/ATen/native/mkldnn/Conv.cpp), float32.
 
     backward_data: grad_output reordered to nChw16c (nChw8c below AVX-512), weights reordered, a blocked
@@ -106,7 +107,9 @@ def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     8-channel blocks for 4 <= ic < 16 on AVX-512, where ``jit:avx2`` runs; both only above 1x1 kernels),
     blocked grad_weight, oneDNN's ``scratchpad`` (per-thread partial sums, :mod:`.conv_bwd_weights`),
     grad_bias, then both copied dense. A non-contiguous grad_output is first made contiguous. The bwd-data
-    scratchpad of strided convolutions (``brgconv_strided``) is not modelled: conv_note says so.
+    scratchpad of strided convolutions (``brgconv_strided``) is not modelled: conv_note says so. ``first`` and
+    ``weights_block`` override the float32 kernels' first-convolution test and channel block for the weights'
+    gradient (bfloat16's ``jit_bf16``: first below 16 channels, blocks of 16, :mod:`.conv_bf16`).
     """
     n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, grad_out)
     b = _block(c, o, groups, b)
@@ -123,8 +126,9 @@ def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         gx = nbytes(x)
         seq += [gy, wei, gx_blocked, -wei, -gy, gx, -gx_blocked]
     if mask[1] or mask[2]:
-        first = groups == 1 and (c <= 3 if b == 16 else c == 3) and k > 1  # jit:avx2 keeps nchw for 3 only
-        bc = 8 if groups == 1 and 4 <= c < 16 and k > 1 else b
+        if first is None:  # jit:avx2 keeps nchw for 3 only
+            first = groups == 1 and (c <= 3 if b == 16 else c == 3) and k > 1
+        bc = weights_block or (8 if groups == 1 and 4 <= c < 16 and k > 1 else b)
         gy = n * round_up(o, bc) * s_out * e
         src = 0 if first else n * round_up(c, bc) * s_in * e
         if groups == 1:
