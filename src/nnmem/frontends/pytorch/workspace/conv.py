@@ -16,7 +16,14 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import aten, nbytes
-from nnmem.frontends.pytorch.workspace.conv_bf16 import bf16_backward_modelled, bf16_bwd_weights_scratch
+from nnmem.frontends.pytorch.workspace.conv_bf16 import (
+    bf16_1x1_modelled,
+    bf16_backward_modelled,
+    bf16_bwd_weights_scratch,
+    one_by_one,
+)
+from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import bwd_weights as bf16_1x1_bwd_weights
+from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import fwd_or_bwd_data as bf16_1x1_fwd_or_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
 from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward
@@ -41,6 +48,9 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
     backend = conv_backend(call, info)
     if backend == "slow2d":
         return slow2d_forward(call, nbytes(out))
+    if backend == "mkldnn" and bf16_1x1_modelled(call, info):  # jit_bf16_1x1: its scratchpad first
+        pad = bf16_1x1_fwd_or_bwd_data(one_by_one(call, bias is not None), torch.get_num_threads(), False)
+        return conv_forward(x, weight, bias, out, 1, info.onednn_block, call.stride, scratchpad=pad)
     if call.dtype != torch.float32 and not bf16_forward_modelled(call, info):
         return 0  # not modelled: conv_note says so
     if len(call.x_shape) != 4 and not onednn_3d_forward(call, backend):
@@ -156,6 +166,12 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         # ideep's deconvolution backward runs oneDNN convolutions with the roles swapped: the same
         # blocked reorders as a forward convolution's backward (ONEDNN_VERBOSE: aBcd16b, BAcd16a16b)
         return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block)
+    if backend == "mkldnn" and bf16_1x1_modelled(call, info):
+        problem, nthreads = one_by_one(call, bool(mask[2])), torch.get_num_threads()
+        data = bf16_1x1_fwd_or_bwd_data(problem, nthreads, True) if mask[0] else 0
+        weights = bf16_1x1_bwd_weights(problem, nthreads) if mask[1] else 0
+        return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block,
+                             scratchpad=weights, first=False, weights_block=16, data_scratchpad=data)
     if backend == "mkldnn" and bf16_backward_modelled(call, info):
         first = call.x_shape[1] < 16  # jit_bf16's first convolution: nchw source, Acdb16a weights
         scratchpad = bf16_bwd_weights_scratch(call, bool(mask[2]), torch.get_num_threads()) if mask[1] else 0

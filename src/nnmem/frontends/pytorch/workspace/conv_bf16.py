@@ -19,6 +19,7 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import round_up
+from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import OneByOne
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _barriers, _book, _div_up
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
 
@@ -153,3 +154,23 @@ def bf16_backward_modelled(call: ConvCall, info: CpuInfo) -> bool:
     if call.grad_input and any(s != 1 for s in call.stride):
         return False
     return jit_bf16_bwd_weights(call)
+
+
+def bf16_1x1_modelled(call: ConvCall, info: CpuInfo) -> bool:
+    """Whether a bfloat16 1x1 convolution (forward or backward) runs on ``jit_bf16_1x1`` and is sized by
+    :mod:`.conv_bf16_1x1`: dense, NCHW, 1-D or 2-D, unpadded, a stride whose output tiles the input (``rtus``
+    gathers the source at unit stride), on ``avx512_core_bf16`` at 1-4 threads."""
+    if call.dtype != torch.bfloat16 or call.transposed or call.groups != 1 or info.isa != MODELLED_ISA:
+        return False
+    if len(call.x_shape) != 4 or call.x_layout != "contiguous" or call.w_layout == "channels_last":
+        return False
+    if torch.get_num_threads() not in MODELLED_THREADS or math.prod(call.w_shape[2:]) != 1 or any(call.padding):
+        return False
+    return all(o * s == i for o, s, i in zip(call.out_sizes, call.stride, call.x_shape[2:]))
+
+
+def one_by_one(call: ConvCall, with_bias: bool) -> OneByOne:
+    """The 1x1 problem ``init_conf`` sees for a call :func:`bf16_1x1_modelled` takes."""
+    oh, ow = call.out_sizes
+    return OneByOne(call.x_shape[0], round_up(call.x_shape[1], _BLOCK), round_up(call.w_shape[0], _BLOCK),
+                    call.w_shape[0], oh, ow, with_bias, any(s != 1 for s in call.stride))

@@ -44,7 +44,7 @@ def _block(c: int, o: int, groups: int, b: int) -> int:
 
 
 def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Tensor, groups: int, b: int,
-                 stride: tuple[int, ...] = (1, 1)) -> int:
+                 stride: tuple[int, ...] = (1, 1), scratchpad: int | None = None) -> int:
     """Scratch of ``mkldnn_convolution`` on a float32 NC(H)W input (aten/src/ATen/native/mkldnn/Conv.cpp).
 
     ideep reorders the source to nChw16c (nChw8c below AVX-512: ``b`` is oneDNN's channel block, a grouped
@@ -52,7 +52,9 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Te
     than 1x1: oneDNN's first-layer kernels read nchw directly), the weights to a blocked layout, an
     unaligned bias to a padded copy (+128 B, measured), computes into a blocked destination with channels
     padded to the block, and ``mkldnn_to_dense`` copies that into the dense output. Sequence measured:
-    ``[bias, src, wei, dst, -wei, -src, -bias, out, -dst]``.
+    ``[bias, src, wei, dst, -wei, -src, -bias, out, -dst]``. The padded bias is oneDNN's scratchpad, booked
+    with the rest: ``scratchpad`` (all of it, where the caller sizes it: bfloat16 1x1, :mod:`.conv_bf16_1x1`)
+    takes its place.
     """
     n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, out)
     small_ic = groups == 1 and c < b and k > 1  # a 1x1 kernel (jit_1x1) reads a padded blocked source
@@ -63,6 +65,8 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Te
     dst = n * round_up(o, b) * s_out * e
     dense = nbytes(out)
     pad = _rtus_space(c, k, stride, groups, e, b, s_out)
+    if scratchpad is not None:
+        bia, pad = scratchpad, 0
     return alloc_peak([bia, src, wei, dst, pad, -pad, -wei, -src, -bia, dense, -dst]) - dense
 
 
@@ -96,7 +100,7 @@ def conv_transpose_forward(x: torch.Tensor, weight: torch.Tensor, out: torch.Ten
 def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_defined: bool,
                   groups: int, mask: Sequence[bool], outs: Sequence[Any], b: int,
                   strided_nhwc: bool = False, scratchpad: int = 0, first: bool | None = None,
-                  weights_block: int | None = None) -> int:
+                  weights_block: int | None = None, data_scratchpad: int = 0) -> int:
     """Scratch of ``mkldnn_convolution_backward`` (aten/src/ATen/native/mkldnn/Conv.cpp), float32.
 
     backward_data: grad_output reordered to nChw16c (nChw8c below AVX-512), weights reordered, a blocked
@@ -109,7 +113,8 @@ def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     grad_bias, then both copied dense. A non-contiguous grad_output is first made contiguous. The bwd-data
     scratchpad of strided convolutions (``brgconv_strided``) is not modelled: conv_note says so. ``first`` and
     ``weights_block`` override the float32 kernels' first-convolution test and channel block for the weights'
-    gradient (bfloat16's ``jit_bf16``: first below 16 channels, blocks of 16, :mod:`.conv_bf16`).
+    gradient (bfloat16's ``jit_bf16``: first below 16 channels, blocks of 16, :mod:`.conv_bf16`);
+    ``data_scratchpad`` is backward data's own (bfloat16 1x1's store buffer), live while it runs.
     """
     n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, grad_out)
     b = _block(c, o, groups, b)
@@ -124,7 +129,7 @@ def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         wei = _conv_weight_blocked(c, o, k, groups, e, b, False)
         gx_blocked = n * round_up(c, b) * s_in * e
         gx = nbytes(x)
-        seq += [gy, wei, gx_blocked, -wei, -gy, gx, -gx_blocked]
+        seq += [gy, wei, gx_blocked, data_scratchpad, -data_scratchpad, -wei, -gy, gx, -gx_blocked]
     if mask[1] or mask[2]:
         if first is None:  # jit:avx2 keeps nchw for 3 only
             first = groups == 1 and (c <= 3 if b == 16 else c == 3) and k > 1
