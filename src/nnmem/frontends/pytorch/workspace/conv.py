@@ -24,6 +24,7 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
 )
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import bwd_weights as bf16_1x1_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import fwd_or_bwd_data as bf16_1x1_fwd_or_bwd_data
+from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
 from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward
@@ -198,11 +199,12 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     if onednn_gemm(call, info)[1]:  # the weights' gradient on gemm (conv_note says so): grad_input only
         mask = (mask[0], False, False)
     strided_nhwc = call.groups == 1 and any(s > 1 for s in call.stride)
+    data = (strided_bwd_data(call, torch.get_num_threads(), info.onednn_block) or 0) if strided_nhwc and mask[0] else 0
     scratchpad = 0
     if mask[1]:  # the weights' reduction over threads (conv_note when not sized)
         scratchpad = bwd_weights_scratch(call, bool(mask[2]), info.onednn_block, torch.get_num_threads()) or 0
     return copy + conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
-                                strided_nhwc, scratchpad)
+                                strided_nhwc, scratchpad, data_scratchpad=data)
 
 
 CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | None]] = {

@@ -288,7 +288,26 @@ def bwd_weights_kernel(call: ConvCall, block: int) -> str | None:
     if kw > 14:
         return None
     # the avx512 direct kernel takes a first convolution only on 1 to 3 channels (is_1stconv / src_ok)
-    return "jit:avx512_core" if block == 16 and not 4 <= call.x_shape[1] < 16 else "jit:avx2"
+    kernel = "jit:avx512_core" if block == 16 and not 4 <= call.x_shape[1] < 16 else "jit:avx2"
+    return None if _direct_refuses(call, kernel == "jit:avx512_core") else kernel
+
+
+def _direct_refuses(call: ConvCall, avx512: bool) -> bool:
+    """Whether the direct kernel's ``init_conf`` refuses the call (oneDNN then runs ``gemm``): the avx512 one
+    (jit_avx512_common_conv_kernel.cpp) a dilated height with a stride, a dilated kernel taller than the input, a
+    left or right padding not below the dilated kernel's width or above 28, a top or bottom one above half its
+    height; the avx2 one (jit_avx2_conv_kernel_f32.cpp) any dilation, a padding not below the kernel, a kernel
+    taller than the input."""
+    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[2:], call.w_shape[2:], call.out_sizes
+    (sh, sw), (t_pad, l_pad), (dh, dw) = call.stride, call.padding, call.dilation
+    ext_kh, ext_kw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    b_pad = max(0, (oh - 1) * sh + ext_kh - (ih + t_pad))  # calculate_end_padding, at least 0
+    r_pad = max(0, (ow - 1) * sw + ext_kw - (iw + l_pad))
+    if avx512:
+        return ((dh > 1 and (sh != 1 or ext_kh > ih)) or not (l_pad < ext_kw and r_pad < ext_kw)
+                or max(t_pad, b_pad) > ext_kh // 2 or max(l_pad, r_pad) > 28)
+    return (dh > 1 or dw > 1 or not (t_pad < ext_kh and b_pad < ext_kh and l_pad < ext_kw and r_pad < ext_kw)
+            or kh > ih or t_pad >= kh)
 
 
 def bwd_weights_scratch(call: ConvCall, with_bias: bool, block: int, nthreads: int, nxc: bool = False) -> int | None:

@@ -105,25 +105,27 @@ def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
     backward_data: grad_output reordered to nChw16c (nChw8c below AVX-512), weights reordered, a blocked
     grad_input then copied dense; ``strided_nhwc`` (a strided ungrouped convolution, which oneDNN runs on
-    ``brgconv_strided`` in nhwc): grad_output reordered to nhwc, weights to ``Bcda16b/32b``,
+    ``brgconv_strided`` in nhwc): grad_output reordered to nhwc (unless one channel or one position makes
+    it nhwc already), weights to ``Bcda16b/32b``,
     an nhwc grad_input, then copied dense through one more temporary of its size. backward_weights:
     grad_output reordered again, the source reordered (nchw kept for ic <= 3, for ic == 3 below AVX-512;
     8-channel blocks for 4 <= ic < 16 on AVX-512, where ``jit:avx2`` runs; both only above 1x1 kernels),
     blocked grad_weight, oneDNN's ``scratchpad`` (per-thread partial sums, :mod:`.conv_bwd_weights`),
     grad_bias, then both copied dense. A non-contiguous grad_output is first made contiguous. The bwd-data
-    scratchpad of strided convolutions (``brgconv_strided``) is not modelled: conv_note says so. ``first`` and
+    scratchpad of strided convolutions (``brgconv_strided``) is the caller's ``data_scratchpad``. ``first`` and
     ``weights_block`` override the float32 kernels' first-convolution test and channel block for the weights'
     gradient (bfloat16's ``jit_bf16``: first below 16 channels, blocks of 16, :mod:`.conv_bf16`);
-    ``data_scratchpad`` is backward data's own (bfloat16 1x1's store buffer), live while it runs.
+    ``data_scratchpad`` is backward data's own (bfloat16 1x1's store buffer, ``brgconv_strided``'s batches and
+    buffers: :mod:`.conv_brgemm_bwd`), live while it runs.
     """
     n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, grad_out)
     b = _block(c, o, groups, b)
     contiguous = 0 if grad_out.is_contiguous() else nbytes(grad_out)
     seq = [contiguous]
     if mask[0] and strided_nhwc:  # brgconv_strided: nhwc grad_output and grad_input, Bcda16b/32b weights
-        gy, gx = n * o * s_out * e, nbytes(x)
+        gy, gx = (0 if o == 1 or s_out == 1 else n * o * s_out * e), nbytes(x)  # nchw already is nhwc
         wei = o * round_up(c, io_block(c, b)) * k * e
-        seq += [gy, wei, gx, -wei, -gy, gx, gx, -gx, -gx]
+        seq += [gy, wei, gx, data_scratchpad, -data_scratchpad, -wei, -gy, gx, gx, -gx, -gx]
     elif mask[0]:
         gy = n * round_up(o, b) * s_out * e
         wei = _conv_weight_blocked(c, o, k, groups, e, b, False)

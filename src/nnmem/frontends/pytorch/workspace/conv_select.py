@@ -16,6 +16,7 @@ import torch
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, dtype_name, round_up
 from nnmem.frontends.pytorch.workspace.conv_bf16 import bf16_1x1_modelled, bf16_backward_modelled
+from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
 
@@ -301,14 +302,19 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     if (backend == "mkldnn" and not call.backward and call.groups == 1 and math.prod(call.w_shape[2:]) == 1
             and (max(call.stride) > 2 or len(call.x_shape) == 5 and max(call.stride) > 1)):
         return f"strided 1x1 convolution (stride {max(call.stride)}) through oneDNN: {NOT_MODELLED}"
+    if (backend == "mkldnn" and call.backward and call.groups == 1 and not any(call.padding)
+            and call.w_shape[2:] == call.x_shape[2:]):
+        # a kernel as large as its input: oneDNN runs the backward as an inner product (ip:any+brg_matmul)
+        return f"convolution backward as an inner product through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     if (backend == "mkldnn" and call.backward and call.dtype == torch.float32 and call.groups == 1
             and call.x_layout == "contiguous" and len(call.x_shape) == 4 and not onednn_nhwc(call)
             and bwd_weights_kernel(call, info.onednn_block) is None):
         return f"convolution weights' gradient through oneDNN (ISA {info.isa}, this shape): {NOT_MODELLED}"
     if (backend == "mkldnn" and call.backward and call.grad_input and call.groups == 1
-            and any(s > 1 for s in call.stride)):
-        # oneDNN's brgconv_strided computes it with per-thread brgemm batches and buffers in its scratchpad
-        # (61-98 KB measured on small shapes; init_conf in cpu/x64/jit_brgemm_conv_bwd_utils.cpp), not sized here
+            and any(s > 1 for s in call.stride)
+            and strided_bwd_data(call, torch.get_num_threads(), info.onednn_block) is None):
+        # oneDNN's brgconv_strided computes it with per-thread brgemm batches and buffers in its scratchpad,
+        # sized by conv_brgemm_bwd where the blocking does not change it
         return f"strided convolution's input gradient on oneDNN's brgconv_strided (ISA {info.isa}): {NOT_MODELLED}"
     if (backend == "mkldnn" and call.backward and call.groups > 1 and not depthwise
             and torch.get_num_threads() >= 2 * call.groups):

@@ -1,0 +1,74 @@
+"""The scratchpad of oneDNN's ``brgconv_strided`` backward data (``brgemm_convolution_bwd_strided_t``), the kernel
+a strided, ungrouped convolution's input gradient runs on (float32 on AVX-512 and AVX2, bfloat16 on
+``avx512_core_bf16``).
+
+Ported from oneDNN 3.12 (the version torch 2.13 bundles), src/cpu/x64/jit_brgemm_conv_bwd_utils.cpp
+``init_jcp`` / ``init_conf`` / ``init_scratchpad``. Each booking is aligned to a page (``P4K``), so the
+scratchpad is, per thread: a batch of ``brgemm_batch_element_t`` (40 B each) rounded to a page, the output
+gradient copied with the kernel's overflow rows and columns (``odp * ohp * owp * oc``, rounded to a page of
+elements), a one-byte mask per block rounded to a page; plus a page of alignment per booking. An accumulation
+buffer (bfloat16: ``ic_block * ceil(iw_block / stride)`` floats per thread) and, when the input width is not a
+multiple of the stride, an output buffer of ``iw_block`` columns depend on the blocking ``est_eff`` picks:
+those calls are not sized here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # conv_select imports this module for its note
+    from nnmem.frontends.pytorch.workspace.conv_select import ConvCall
+
+_P4K = 4096
+_BATCH_ELEMENT = 40  # sizeof(brgemm_batch_element_t): two pointers, vvpad top and bottom, the s8s8 flag
+
+# init_jcp's is_regression_shape: (ic, oc, ih, iw, oh, ow, kh, kw, stride) on which another kernel runs
+_REGRESSION = {
+    (512, 1024, 8, 8, 4, 4, 4, 4, 2), (1024, 2048, 4, 4, 2, 2, 4, 4, 2), (64, 128, 513, 513, 256, 256, 3, 3, 2),
+    (32, 64, 1025, 1025, 512, 512, 3, 3, 2), (128, 256, 257, 257, 128, 128, 3, 3, 2),
+    (256, 512, 49, 41, 23, 19, 5, 5, 2), (64, 128, 14, 14, 7, 7, 4, 4, 2), (1, 64, 28, 28, 14, 14, 4, 4, 2),
+}
+
+
+def _book(size: int) -> int:
+    """``book(..., P4K)``: the size and a page of alignment (nothing for size 0)."""
+    return size + _P4K if size else 0
+
+
+def _page(value: int) -> int:
+    return -(-value // _P4K) * _P4K
+
+
+def _regression(call: ConvCall) -> bool:
+    """The float32 shapes ``init_jcp`` sends to another kernel "due to low performance"."""
+    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[2:], call.w_shape[2:], call.out_sizes
+    ic, oc = call.x_shape[1], call.w_shape[0]
+    if ic == 128 and oc == 256 and (ih, iw, oh, ow) == (101, 85, 49, 41):
+        return True
+    if ic == 3 and oc == 128 and (ih, iw, oh, ow) == (207, 175, 101, 85):
+        return True
+    return call.stride == (2, 2) and kh == kw and (ic, oc, ih, iw, oh, ow, kh, kw, 2) in _REGRESSION
+
+
+def strided_bwd_data(call: ConvCall, nthreads: int, block: int) -> int | None:
+    """Bytes of ``brgconv_strided``'s backward-data scratchpad for a strided, ungrouped, undilated float32 call
+    on AVX-512 (``block`` 16, oneDNN's channel block); None where it depends on the blocking (an input width that
+    is not a multiple of the stride, bfloat16's accumulation buffer, more blocks than a page of mask bytes, a
+    batch of more than a page; on AVX2 the weights' reorder follows the blocking's input-channel block too) or
+    another kernel runs (dilation, the regression shapes)."""
+    if block != 16 or call.groups != 1 or len(call.x_shape) != 4 or any(d != 1 for d in call.dilation):
+        return None
+    if call.itemsize != 4 or not any(s > 1 for s in call.stride) or _regression(call):
+        return None
+    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[2:], call.w_shape[2:], call.out_sizes
+    (sh, sw), (t_pad, l_pad) = call.stride, call.padding
+    if iw % sw or kh * kw * _BATCH_ELEMENT > _P4K or ih * -(-iw // sw) > _P4K:
+        return None
+    b_pad = (oh - 1) * sh + kh - (ih + t_pad)  # calculate_end_padding, may be negative
+    r_pad = (ow - 1) * sw + kw - (iw + l_pad)
+    ohp = oh + max(0, kh - 1 - t_pad) // sh + max(0, kh - 1 - b_pad) // sh
+    owp = ow + max(0, kw - 1 - l_pad) // sw + max(0, kw - 1 - r_pad) // sw
+    oc = call.w_shape[0]
+    batch = -(-_P4K // _BATCH_ELEMENT) * _BATCH_ELEMENT  # one page of batch elements, rounded to whole ones
+    return (_book(nthreads * batch) + _book(nthreads * _page(ohp * owp * oc) * call.itemsize)
+            + _book(nthreads * _P4K))

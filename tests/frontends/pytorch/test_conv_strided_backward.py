@@ -1,0 +1,57 @@
+"""float32 convolution backward through oneDNN, drawn at random with strides, dilation and padding: every
+``convolution_backward`` whose scratch a rule claims (no note) equals the allocator's peak inside the op minus
+its outputs. It covers ``brgconv_strided``'s backward-data scratchpad (workspace/conv_brgemm_bwd.py) and the
+direct backward-weights kernels' refusals (dilated, over-padded shapes run ``gemm`` and are noted)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import calibrate_workspace as calibrate
+import pytest
+import torch
+from torch import nn
+
+from nnmem.cpu import describe
+from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
+from nnmem.frontends.pytorch.workspace.conv_select import conv_call
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs a build with oneDNN")
+
+
+def _draw(rng: random.Random) -> tuple[nn.Module, torch.Tensor]:
+    """A 1-D or 2-D float32 convolution (1-130 channels, kernel 1-7, stride 1-3 with 2 and 3 favoured, dilation
+    1-2, padding 0, 1 or half the kernel) and its input, which asks for its gradient in most draws."""
+    c, o = rng.choice([1, 2, 3, 8, 15, 16, 17, 32, 48, 64, 100, 130]), rng.choice([1, 8, 16, 24, 32, 64, 65, 128])
+    k, s, d = rng.choice([1, 2, 3, 5, 7]), rng.choice([1, 2, 2, 3]), rng.choice([1, 1, 1, 2])
+    n, size = rng.choice([1, 2, 3, 4, 8]), rng.choice([7, 8, 14, 16, 28, 33])
+    size = max(size, d * (k - 1) + 1)
+    pad, bias = rng.choice([0, d * (k // 2), 1]), rng.random() < 0.7
+    if rng.random() < 0.25:
+        conv, x = nn.Conv1d(c, o, k, s, pad, d, bias=bias), torch.randn(n, c, 4 * size)
+    else:
+        conv, x = nn.Conv2d(c, o, k, s, pad, d, bias=bias), torch.randn(n, c, size, size)
+    return conv, x.requires_grad_(rng.random() < 0.8)
+
+
+def test_float32_backward_scratch_matches_measurement(torch_threads: Callable[[int], None]) -> None:
+    rng, claimed, strided, mismatches = random.Random(4), 0, 0, []
+    block = describe().onednn_block  # brgconv_strided is sized on AVX-512 (16), noted below
+    for _ in range(60):
+        torch_threads(rng.choice([1, 2, 3, 4]))
+        conv, x = _draw(rng)
+
+        def step(conv: nn.Module = conv, x: torch.Tensor = x) -> None:
+            conv(x).sum().backward()
+
+        rows = [r for r in calibrate.measure_ops(step, training=True)
+                if r.name.startswith("aten.convolution_backward") and r.note is None]
+        claimed += len(rows)
+        call = conv_call(x, conv.weight, conv.stride, conv.padding, conv.dilation)
+        if rows and x.requires_grad and call is not None and strided_bwd_data(call, torch.get_num_threads(), block):
+            strided += 1
+        mismatches += [f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} grad_input={x.requires_grad}: "
+                       f"measured {r.scratch:,} B, rule {r.predicted:,} B" for r in rows if r.predicted != r.scratch]
+    assert not mismatches, "\n".join(mismatches)
+    assert claimed >= (30 if block == 16 else 15) and (strided >= 10 or block != 16), (claimed, strided)
