@@ -133,6 +133,42 @@ def test_bf16_1x1_convolution_scratch_matches_measurement(torch_threads: Callabl
     assert claimed >= 35
 
 
+def _depthwise(rng: random.Random) -> tuple[nn.Module, torch.Tensor]:
+    """A bfloat16 depthwise convolution (2-130 channels, kernel 1-7, stride 1-3, dilation 1-2, padding) and its
+    input, which asks for its gradient in most draws."""
+    c = rng.choice([2, 3, 8, 15, 16, 17, 32, 48, 64, 100, 130])
+    k, s, d = rng.choice([1, 2, 3, 5, 7]), rng.choice([1, 1, 2, 3]), rng.choice([1, 1, 2])
+    n, size = rng.choice([1, 2, 3, 4, 8]), rng.choice([7, 8, 14, 16, 28, 33])
+    size = max(size, d * (k - 1) + 2)
+    pad, bias = rng.choice([0, d * (k // 2), 1]), rng.random() < 0.7
+    if rng.random() < 0.25:
+        conv, x = nn.Conv1d(c, c, k, s, pad, d, groups=c, bias=bias), torch.randn(n, c, 4 * size, dtype=BF16)
+    else:
+        conv, x = nn.Conv2d(c, c, k, s, pad, d, groups=c, bias=bias), torch.randn(n, c, size, size, dtype=BF16)
+    return conv.to(BF16), x.requires_grad_(rng.random() < 0.7)
+
+
+def test_bf16_depthwise_convolution_scratch_matches_measurement(torch_threads: Callable[[int], None]) -> None:
+    """Every seeded depthwise forward and backward the rules claim (``jit_dw``: the float32 bias, the weights'
+    float32 partial sums per batch thread) equals the allocator's peak inside the op minus its outputs."""
+    _require_modelled_cpu()
+    rng, claimed, mismatches = random.Random(2), 0, []
+    for _ in range(40):
+        torch_threads(rng.choice(MODELLED_THREADS))
+        conv, x = _depthwise(rng)
+
+        def step(conv: nn.Module = conv, x: torch.Tensor = x) -> None:
+            conv(x).float().sum().backward()
+
+        rows = [r for r in calibrate.measure_ops(step, training=True) if "convolution" in r.name and r.note is None]
+        claimed += len(rows)
+        mismatches += [f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} grad_input={x.requires_grad} "
+                       f"{r.name}: measured {r.scratch:,} B, rule {r.predicted:,} B"
+                       for r in rows if r.predicted != r.scratch]
+    assert not mismatches, "\n".join(mismatches)
+    assert claimed >= 35
+
+
 def test_bf16_convolutions_outside_the_measured_domain_keep_their_note() -> None:
     """A padded 1x1, a grouped and a channels-last bfloat16 convolution, and a strided convolution's input gradient
     (``brgconv_strided``), are noted; dense and 1x1 training steps (a strided 1x1 first) are not."""

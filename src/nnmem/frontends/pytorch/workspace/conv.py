@@ -20,6 +20,9 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
     bf16_1x1_modelled,
     bf16_backward_modelled,
     bf16_bwd_weights_scratch,
+    bf16_depthwise_bias,
+    bf16_depthwise_bwd_weights,
+    bf16_depthwise_modelled,
     one_by_one,
 )
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import bwd_weights as bf16_1x1_bwd_weights
@@ -52,6 +55,11 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
     if backend == "mkldnn" and bf16_1x1_modelled(call, info):  # jit_bf16_1x1: its scratchpad first
         pad = bf16_1x1_fwd_or_bwd_data(one_by_one(call, bias is not None), torch.get_num_threads(), False)
         return conv_forward(x, weight, bias, out, 1, info.onednn_block, call.stride, scratchpad=pad)
+    if backend == "mkldnn" and bf16_depthwise_modelled(call, info):  # jit_dw: the bias converted to float32
+        if call.one_d:  # the 4-D views ATen hands oneDNN
+            x, weight = x.unsqueeze(2), weight.unsqueeze(2)
+        pad = bf16_depthwise_bias(call, bias is not None)
+        return conv_forward(x, weight, bias, out, call.groups, info.onednn_block, call.stride, scratchpad=pad)
     if call.dtype != torch.float32 and not bf16_forward_modelled(call, info):
         return 0  # not modelled: conv_note says so
     if len(call.x_shape) != 4 and not onednn_3d_forward(call, backend):
@@ -173,6 +181,10 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         weights = bf16_1x1_bwd_weights(problem, nthreads) if mask[1] else 0
         return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block,
                              scratchpad=weights, first=False, weights_block=16, data_scratchpad=data)
+    if backend == "mkldnn" and bf16_depthwise_modelled(call, info):
+        weights = bf16_depthwise_bwd_weights(call, bool(mask[2]), torch.get_num_threads()) if mask[1] else 0
+        return conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
+                             scratchpad=weights)
     if backend == "mkldnn" and bf16_backward_modelled(call, info):
         first = call.x_shape[1] < 16  # jit_bf16's first convolution: nchw source, Acdb16a weights
         scratchpad = bf16_bwd_weights_scratch(call, bool(mask[2]), torch.get_num_threads()) if mask[1] else 0

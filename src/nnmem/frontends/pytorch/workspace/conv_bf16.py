@@ -20,7 +20,7 @@ import torch
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import round_up
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import OneByOne
-from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _barriers, _book, _div_up
+from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _barriers, _book, _div_up, dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
@@ -174,3 +174,54 @@ def one_by_one(call: ConvCall, with_bias: bool) -> OneByOne:
     oh, ow = call.out_sizes
     return OneByOne(call.x_shape[0], round_up(call.x_shape[1], _BLOCK), round_up(call.w_shape[0], _BLOCK),
                     call.w_shape[0], oh, ow, with_bias, any(s != 1 for s in call.stride))
+
+
+def bf16_depthwise_modelled(call: ConvCall, info: CpuInfo) -> bool:
+    """Whether a bfloat16 depthwise convolution (one channel per group) runs on ``jit_dw:avx512_core_bf16`` in
+    the directions asked and is sized here: NCHW, 1-D or 2-D, on ``avx512_core_bf16`` at 1-4 threads, a forward
+    :func:`_dw_forward_takes`, and for a backward a shape the depthwise backward-weights kernel takes
+    (:func:`.conv_bwd_weights.dw_jit_bwd_weights`; oneDNN runs others on ``gemm``) without a strided input
+    gradient."""
+    c = call.x_shape[1]
+    if call.dtype != torch.bfloat16 or call.transposed or not call.groups == c == call.w_shape[0] or c == 1:
+        return False
+    if len(call.x_shape) != 4 or call.x_layout != "contiguous" or call.w_layout == "channels_last":
+        return False
+    if info.isa != MODELLED_ISA or torch.get_num_threads() not in MODELLED_THREADS:
+        return False
+    if call.backward:  # a strided one's input gradient runs on brgconv_strided (grouped), not sized here
+        return not (call.grad_input and any(st != 1 for st in call.stride)) and dw_jit_bwd_weights(
+            call.x_shape, call.w_shape, call.stride, call.padding, call.dilation)
+    return _dw_forward_takes(call)
+
+
+def _dw_forward_takes(call: ConvCall) -> bool:
+    """``jit_uni_dw_conv_fwd_kernel_t::init_conf``'s checks for bfloat16 on nChw16c: the dilated kernel overlaps
+    the source on every side, and neither the left padding nor the right one outside the width's tail passes
+    the width unroll (``ur_w``: 6, at most the output width)."""
+    ih, iw, oh, ow, kh, kw, sh, sw, t_pad, l_pad, b_pad, r_pad, ext_kh, ext_kw = _geometry(call)
+    b_pad, r_pad = (oh - 1) * sh + ext_kh - (ih + t_pad), (ow - 1) * sw + ext_kw - (iw + l_pad)
+    if ext_kw <= l_pad or ext_kw <= r_pad or ext_kh <= t_pad or ext_kh <= b_pad:
+        return False
+    ur_w = min(6, ow)
+    r_pad_no_tail = max(0, (ow - ow % ur_w - 1) * sw + ext_kw - (iw + l_pad))
+    return l_pad <= ur_w and r_pad_no_tail <= ur_w
+
+
+def bf16_depthwise_bias(call: ConvCall, with_bias: bool) -> int:
+    """The forward's scratchpad: a bfloat16 bias converted to float32 (``key_conv_bias_bf16_convert_wsp``)."""
+    return _book(round_up(call.x_shape[1], _BLOCK) * _F32) if with_bias else 0
+
+
+def bf16_depthwise_bwd_weights(call: ConvCall, with_bias: bool, nthreads: int) -> int:
+    """``jit_uni_dw_conv_bwd_weights_kernel_t::init_scratchpad`` for bfloat16 weights (``harness_mb_reduction``):
+    float32 partial sums of the weights, one per batch thread (one even on a single batch thread), the bias'
+    partial sums of the other batch threads, and the bias gradient converted from float32."""
+    groups = round_up(call.x_shape[1], _BLOCK)
+    nthr_g = min(groups // _BLOCK, nthreads)
+    nthr_mb = min(max(1, nthreads // nthr_g), call.x_shape[0])
+    taps = math.prod(call.w_shape[2:])
+    total = _book(groups * taps * nthr_mb * _F32)
+    if with_bias:
+        total += (_book(groups * (nthr_mb - 1) * _F32) if nthr_mb > 1 else 0) + _book(groups * _F32)
+    return total

@@ -15,7 +15,11 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, dtype_name, round_up
-from nnmem.frontends.pytorch.workspace.conv_bf16 import bf16_1x1_modelled, bf16_backward_modelled
+from nnmem.frontends.pytorch.workspace.conv_bf16 import (
+    bf16_1x1_modelled,
+    bf16_backward_modelled,
+    bf16_depthwise_modelled,
+)
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
@@ -278,7 +282,8 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     """Why this convolution's scratch is not modelled on this CPU, or None when a rule models it."""
     backend, kind = conv_backend(call, info), dtype_name(call.dtype)
     if backend.startswith("mkldnn") and call.dtype != torch.float32 and not bf16_forward_modelled(call, info) \
-            and not bf16_backward_modelled(call, info) and not bf16_1x1_modelled(call, info):
+            and not bf16_backward_modelled(call, info) and not bf16_1x1_modelled(call, info) \
+            and not bf16_depthwise_modelled(call, info):
         return f"{kind} convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     # A channels-last input is modelled (the Keras-torch zoo's NHWC convolutions measure exact); other strides
     # are not.
