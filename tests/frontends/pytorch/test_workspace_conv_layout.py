@@ -52,9 +52,8 @@ CASES = [
     Case("1d-two-channels-train", (2, 8, 3, 2, 1, 6, 1), "train", -0.005, 0.005),
     Case("1d-three-channels-train", (3, 8, 3, 1, 1, 6, 1), "train", -0.005, 0.005),
     Case("2d-one-channel-dilated-train", (1, 8, 3, 2, 1, 4, 2), "train", 0.0, 0.02),
-    # the nhwc first-convolution weights' reduction is sized with the nchw balance: 1x1 under by 2.4 %, 3x3
-    # over by up to 6 % (not exact yet)
-    Case("1d-one-channel-1x1-train", (1, 8, 1, 1, 1, 5, 1), "train", -0.03, 0.0),
+    # the nhwc first-convolution weights' reduction is sized with the nchw balance: 3x3 over by up to 6 % (not
+    # exact yet); a 1x1 one was under by 2.4 % and is noted now (test below)
     Case("2d-rgb-train", (3, 16, 3, 1, 1, 4, 2), "train", 0.0, 0.06),
     Case("2d-rgb-strided-train", (3, 8, 3, 1, 2, 2, 2), "train", 0.0, 0.06),
 ]
@@ -91,3 +90,12 @@ def test_one_channel_input_relayout_is_noted() -> None:
     model, x = _build(Case("", (1, 8, 3, 1, 1, 5, 1), "infer", 0.0, 0.0))
     notes = nnmem.estimate(model, x, mode="infer").notes
     assert any("exec_trans" in n and "not modelled" in n for n in notes), notes
+
+
+def test_channels_last_1x1_backward_is_noted() -> None:
+    """A 1x1 channels-last convolution's backward (jit_1x1 on nhwc, estimated 2.4 % low with the nchw port): noted."""
+    if describe().onednn_block != 16:
+        pytest.skip(f"sized for oneDNN's AVX-512 kernels; this CPU runs ISA {describe().isa}")
+    model, x = _build(Case("", (1, 8, 1, 1, 1, 5, 1), "train", 0.0, 0.0))
+    notes = nnmem.estimate(model, x, mode="train", optimizer="sgd").notes
+    assert any("1x1 channels-last" in n and "not modelled" in n for n in notes), notes

@@ -30,7 +30,7 @@ from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import fwd_or_bwd_data as b
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
-from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward
+from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward, unit_stride_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward, conv_transpose_forward
 from nnmem.frontends.pytorch.workspace.conv_select import (
     ConvCall,
@@ -198,12 +198,16 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
             mask = (mask[0], False, False)
         if call.one_d:  # the 4-D views ATen hands oneDNN
             grad_out, x, weight = grad_out.unsqueeze(2), x.unsqueeze(2), weight.unsqueeze(2)
-        extra = 0  # a first convolution (1 to 3 channels) reduces the weights' partial sums over threads
-        if mask[1] and call.groups == 1 and call.x_shape[1] <= 3 and \
-                bwd_weights_kernel(call, info.onednn_block) in ("jit:avx512_core", "jit_1x1:avx512_core"):
+        extra = 0  # the AVX-512 kernels reduce the weights' partial sums over batch threads
+        if mask[1] and call.groups == 1 and \
+                bwd_weights_kernel(call, info.onednn_block, nxc=True) in ("jit:avx512_core", "jit_1x1:avx512_core"):
             extra = bwd_weights_scratch(call, bool(mask[2]), info.onednn_block, torch.get_num_threads(),
                                         nxc=True) or 0
-        return extra + nhwc_backward(grad_out, x, weight, call.groups, conv, mask, out, info.onednn_block)
+        data = 0
+        if mask[0] and call.groups == 1 and info.onednn_block == 16:  # brgemm kernels (conv_note otherwise)
+            data = (strided_bwd_data(call, torch.get_num_threads(), 16) or 0) if any(st > 1 for st in call.stride) \
+                else unit_stride_bwd_data(torch.get_num_threads())
+        return nhwc_backward(grad_out, x, weight, call.groups, conv, mask, out, info.onednn_block, extra, data)
     if (call.x_layout != "contiguous" and not call.one_d) or onednn_gemm(call, info)[0]:
         return 0  # conv_note says so
     # convolution_backward makes a strided 1-D input contiguous first (view1d_as_2d), live through the kernel

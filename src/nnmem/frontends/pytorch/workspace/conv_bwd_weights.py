@@ -267,7 +267,7 @@ def depthwise(d: ConvDims, nthreads: int, block: int) -> int:
     return total + (_book(groups * (nthr_mb - 1) * _F32) if d.with_bias else 0)
 
 
-def bwd_weights_kernel(call: ConvCall, block: int) -> str | None:
+def bwd_weights_kernel(call: ConvCall, block: int, nxc: bool = False) -> str | None:
     """Which float32 nchw backward-weights kernel oneDNN runs for an ungrouped or depthwise 2-D convolution,
     as ``ONEDNN_VERBOSE`` names it ("jit_dw" for ``jit_uni_dw``); None where no port here sizes it (a
     strided 1x1 kernel whose output does not tile the input, which "reduce to unit stride" refuses;
@@ -287,8 +287,9 @@ def bwd_weights_kernel(call: ConvCall, block: int) -> str | None:
         return "jit_1x1:avx512_core" if block == 16 else "jit_1x1:avx2"
     if kw > 14:
         return None
-    # the avx512 direct kernel takes a first convolution only on 1 to 3 channels (is_1stconv / src_ok)
-    kernel = "jit:avx512_core" if block == 16 and not 4 <= call.x_shape[1] < 16 else "jit:avx2"
+    # the avx512 direct kernel takes a first convolution only on 1 to 3 channels on nchw (is_1stconv / src_ok),
+    # any on nhwc
+    kernel = "jit:avx512_core" if block == 16 and (nxc or not 4 <= call.x_shape[1] < 16) else "jit:avx2"
     return None if _direct_refuses(call, kernel == "jit:avx512_core") else kernel
 
 
@@ -320,7 +321,7 @@ def bwd_weights_scratch(call: ConvCall, with_bias: bool, block: int, nthreads: i
         nthreads: ``dnnl_get_max_threads()``, i.e. ``torch.get_num_threads()``.
         nxc: nhwc activations (sized for the direct AVX-512 kernel only).
     """
-    kernel = bwd_weights_kernel(call, block)
+    kernel = bwd_weights_kernel(call, block, nxc)
     if kernel is None:
         return None
     n, c, ih, iw = call.x_shape

@@ -64,17 +64,30 @@ def forward_weight(x: torch.Tensor, weight: torch.Tensor, groups: int, b: int) -
     return round_up(o, io_block(o, b)) * c * k * e
 
 
-# The brgemm forward kernels' scratchpad (brgemm_convolution_utils::init_scratchpad: batch elements and
-# buffers, each booked page-aligned, P4K): 3 * 4096 + 48 B in every shape measured (channels 3 to 100,
-# kernels 1x1 to 3x3, strides 1 and 2, AVX-512 and AVX2, 2 threads).
-_BRGEMM_FWD_SCRATCHPAD = 3 * 4096 + 48
+_P4K = 4096
+_BATCH_PAGE = 4120  # a page of brgemm_batch_element_t (40 B) rounded up to whole elements: 103 of them
+
+
+def brgemm_batch_bytes(nthreads: int) -> int:
+    """The brgemm convolution kernels' batch elements (brgemm_convolution_utils::init_scratchpad,
+    ``key_brgemm_primitive_batch``): per thread a page's worth (``adjusted_batch_size``), booked page-aligned
+    (P4K) — the whole scratchpad of a forward kernel that needs no buffers (measured: 4,096 + 4,120 B per
+    thread at 1-4 threads, 12,336 B at 2)."""
+    return nthreads * _BATCH_PAGE + _P4K
+
+
+def unit_stride_bwd_data(nthreads: int) -> int:
+    """The scratchpad of an ungrouped unit-stride backward data on nhwc: oneDNN runs it as a forward brgemm
+    convolution with the roles swapped (``brg_conv_bwd:avx512_core+brg_conv_fwd:avx512_core``), whose batch
+    elements it books plus one 128 B booking (measured the same at 1-3 threads, 3-48 input channels)."""
+    return brgemm_batch_bytes(nthreads) + _BOOK_PAD
 
 
 def nhwc_forward(x: torch.Tensor, weight: torch.Tensor, groups: int, b: int) -> int:
     """Scratch of ``mkldnn_convolution`` with channels-last activations: the input and the weight made
     channels-last, the weight reordered, the brgemm scratchpad of an ungrouped one,
     ``[x, w, out, scratchpad, wei, -wei, -scratchpad, -w, -x]``."""
-    scratchpad = _BRGEMM_FWD_SCRATCHPAD if groups == 1 else 0
+    scratchpad = brgemm_batch_bytes(torch.get_num_threads()) if groups == 1 else 0
     return _cl_copy(x) + _cl_copy(weight) + scratchpad + forward_weight(x, weight, groups, b)
 
 
@@ -101,13 +114,15 @@ def _bwd_weights(x: torch.Tensor, weight: torch.Tensor, gy: torch.Tensor, groups
 
 def nhwc_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, groups: int,
                   conv: tuple[Sequence[int], Sequence[int], Sequence[int]], mask: Sequence[bool],
-                  outs: Sequence[Any], b: int) -> int:
+                  outs: Sequence[Any], b: int, scratchpad: int = 0, data_scratchpad: int = 0) -> int:
     """Scratch of ``mkldnn_convolution_backward`` with channels-last activations.
 
     grad_output, the input and the weight made channels-last; backward data: grad_input (an output)
     computed in place, the weight reordered (``Bcda16b/32b``, depthwise ``Goihw16g``); backward weights:
     a blocked grad_weight and grad_bias, the scratchpad, grad_bias copied out, grad_weight copied dense and
-    then to channels-last.
+    then to channels-last. ``scratchpad``: the weights' partial sums the caller sized (:mod:`.conv_bwd_weights`),
+    live with the padded bias; ``data_scratchpad``: backward data's (:func:`unit_stride_bwd_data`, or
+    ``brgconv_strided``'s), live after the weight's reorder.
     """
     c, o, c_per_g, k, e = _dims(x, weight)
     seq = [_cl_copy(grad_out), _cl_copy(x), _cl_copy(weight)]
@@ -118,9 +133,10 @@ def nhwc_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
             wei = _grouped_blocked(o, c_per_g, k, groups, e, b)
         else:
             wei = o * round_up(c, io_block(c, b)) * k * e
-        seq += [nbytes(x), wei, -wei]
+        seq += [nbytes(x), wei, data_scratchpad, -data_scratchpad, -wei]
     if mask[1] or mask[2]:
         gw, pad = _bwd_weights(x, weight, grad_out, groups, bool(mask[2]), conv, b)
+        pad += scratchpad
         gb = o * e if mask[2] else 0
         w = nbytes(weight)
         seq += [gw, pad, gb, -pad, gb, w, w, -w, -gw, -gb]

@@ -281,6 +281,9 @@ def _brgemm_relo(call: ConvCall, info: CpuInfo) -> bool:
 def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     """Why this convolution's scratch is not modelled on this CPU, or None when a rule models it."""
     backend, kind = conv_backend(call, info), dtype_name(call.dtype)
+    note = _float32_note(call, info, backend)
+    if note is not None:
+        return note
     if backend.startswith("mkldnn") and call.dtype != torch.float32 and not bf16_forward_modelled(call, info) \
             and not bf16_backward_modelled(call, info) and not bf16_1x1_modelled(call, info) \
             and not bf16_depthwise_modelled(call, info):
@@ -331,4 +334,25 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         return f"3-D convolution through oneDNN: {NOT_MODELLED}"
     if backend not in ("mkldnn", "mkldnn_transpose", "slow2d"):
         return f"{kind} convolution on ATen's {backend} kernel (oneDNN ISA {info.isa}): {NOT_MODELLED}"
+    return None
+
+
+def _float32_note(call: ConvCall, info: CpuInfo, backend: str) -> str | None:
+    """Float32 oneDNN paths found off by randomly drawn shapes (seeded draws in
+    tests/frontends/pytorch/test_conv_strided_backward.py): a padded 1x1 kernel (oneDNN runs it on a direct
+    kernel, not jit_1x1, with other buffers); on nhwc, a weights' gradient the direct kernel refuses (oneDNN's
+    gemm) and a 1x1 one of few channels or a stride (jit_1x1 on nhwc reduces and gathers otherwise than the nchw
+    port sizes)."""
+    if backend != "mkldnn" or call.dtype != torch.float32 or call.groups != 1 or len(call.x_shape) != 4:
+        return None
+    one_by_one = math.prod(call.w_shape[2:]) == 1
+    if one_by_one and any(call.padding):
+        return f"padded 1x1 convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
+    if call.backward and onednn_nhwc(call) and info.onednn_block == 16:
+        if bwd_weights_kernel(call, info.onednn_block, nxc=True) is None:
+            return f"channels-last convolution weights' gradient on oneDNN's gemm (ISA {info.isa}): {NOT_MODELLED}"
+        if one_by_one and (call.x_shape[1] < 16 or any(s > 1 for s in call.stride)):
+            # jit_1x1 on nhwc: fewer than 16 input channels measured up to 6.5 % above the nchw port, strided
+            # ones gather per thread otherwise; 16 and more at unit stride within 256 B above (seeded draws)
+            return f"1x1 channels-last convolution backward through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     return None
