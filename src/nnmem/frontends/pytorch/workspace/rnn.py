@@ -17,7 +17,13 @@ from nnmem.cpu import CpuInfo
 from nnmem.errors import UnsupportedError
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, alloc_peak, aten, dtype_name, nbytes, round_up
 from nnmem.frontends.pytorch.workspace.matmul import onednn_matmul
-from nnmem.frontends.pytorch.workspace.rnn_native import NATIVE_INFER, PACKED, batch_sizes_of, rule_native_infer
+from nnmem.frontends.pytorch.workspace.rnn_native import (
+    NATIVE_INFER,
+    PACKED,
+    batch_sizes_of,
+    native_modelled,
+    rule_native_infer,
+)
 
 _PAGE = 4096  # oneDNN rnn_utils::set_offsets: each workspace section starts on a 4 KiB page
 
@@ -218,7 +224,10 @@ def recurrent_note(func: Any, args: tuple[Any, ...], info: CpuInfo) -> str | Non
                 f"{NOT_MODELLED}")
     if func is aten.lstm.input and _lstm_on_onednn(x, args[1], info):
         return None if x.dtype == torch.float32 else f"{kind} LSTM inference on oneDNN (ISA {info.isa}): {NOT_MODELLED}"
-    # GRU cells and the fused transformer kernels run their projections as matmuls inside the op.
+    # GRU cells and the fused transformer kernels run their projections as matmuls inside the op; the native
+    # cells' bfloat16 matmuls are sized where rnn_native can (native_modelled).
+    if func in NATIVE_INFER and native_modelled(args, info):
+        return None
     if x.dtype != torch.float32 and onednn_matmul(x.dtype, 1 << 30, 1, info):
         return f"{kind} matmuls inside {func} run through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     return None

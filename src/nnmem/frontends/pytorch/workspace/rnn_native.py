@@ -10,6 +10,7 @@ training the same code runs op by op and the tracker sees each tensor; no rule i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,15 @@ from torch._subclasses.fake_tensor import is_fake
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import alloc_peak, aten, nbytes
+from nnmem.frontends.pytorch.workspace.matmul import (
+    MODELLED_ISA,
+    MODELLED_THREADS,
+    OnednnMatmul,
+    brgemm_scratchpad,
+    onednn_matmul,
+)
+
+MatmulScratch = Callable[[int, int, int], int]  # (m, k, n) -> scratch bytes of one linear's matmul
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,55 +40,60 @@ class _Cell:
     lstm: bool
 
 
-def _step(cell: _Cell, batch: int, e: int, first: bool) -> list[int]:
+def _step(cell: _Cell, batch: int, e: int, first: bool, hh: int = 0) -> list[int]:
     """One cell call with the input projection precomputed (``pre_compute_input``); its new hidden state
     (the step output, kept by the layer) stays allocated, everything else is freed.
 
     SimpleCell: ``nonlinearity(linear_hh(h).add_(x))``. GRUCell: ``linear_hh(h)`` (3H), the new gate and
-    ``(h - new_gate)`` (the new state). LSTMCell: ``linear_hh(h)`` (4H) gates, ``forgetgate * cx``,
+    ``(h - new_gate)`` (the new state); ``hh``: the scratch of ``linear_hh``'s matmul (oneDNN's, in bfloat16),
+    live after its output. LSTMCell: ``linear_hh(h)`` (4H) gates, ``forgetgate * cx``,
     ``ingate * cellgate``, ``cy.tanh()``, ``outgate * tanh`` (hy), ``matmul_hr(hy)`` with a projection;
     the previous cell state dies when the new hidden pair replaces it (the first one is a view of ``cx``).
     """
     s, g = batch * cell.hidden * e, batch * cell.gates * e
     if not cell.lstm:
         if cell.gates == cell.hidden:  # SimpleCell
-            return [g, s, -g]
-        return [g, s, s, -s, -g]  # GRUCell
-    seq = [g, s, s, -s, s, s, -s]
+            return [g, hh, -hh, s, -g]
+        return [g, hh, -hh, s, s, -s, -g]  # GRUCell
+    seq = [g, hh, -hh, s, s, -s, s, s, -s]
     if cell.out != cell.hidden:
         seq += [batch * cell.out * e, -s]
     return seq + [-g] + ([] if first else [-s])
 
 
-def _direction(cell: _Cell, seq_len: int, batch: int, e: int) -> list[int]:
+def _direction(cell: _Cell, seq_len: int, batch: int, e: int, hh: int = 0) -> list[int]:
     """The T cell calls of one direction of one layer."""
     out: list[int] = []
     for t in range(seq_len):
-        out += _step(cell, batch, e, t == 0)
+        out += _step(cell, batch, e, t == 0, hh)
     return out
 
 
 def native_sequence(cell: _Cell, seq_len: int, batch: int, size: int, num_layers: int, dirs: int, e: int,
-                    copy_first: bool) -> list[int]:
+                    copy_first: bool, matmul: MatmulScratch | None = None) -> list[int]:
     """Signed allocation sizes of one ``_rnn_impl`` call (ATen RNN.cpp), in bytes, in order.
 
     ``linear_ih`` projects a whole layer input at once (T·B·G·H). The first layer's input is a transposed
     view under ``batch_first``; ``at::matmul`` folds it to 2-D for weights that require a gradient
-    (``should_fold``), which copies it (T·B·I, freed after the product): ``copy_first``.
+    (``should_fold``), which copies it (T·B·I, freed after the product): ``copy_first``. ``matmul`` sizes the
+    projections' own scratch (oneDNN's bfloat16 matmuls: live after their output, freed with the call).
     """
     steps = seq_len * batch * cell.out * e  # one direction's stacked output
     last = batch * cell.out * e  # a direction's last step output: kept as its final hidden state
     proj = seq_len * batch * cell.gates * e
     seq: list[int] = []
     prev = 0
+    hh = matmul(batch, cell.out, cell.gates) if matmul else 0
     for layer in range(num_layers):
         copy = seq_len * batch * size * e if copy_first and layer == 0 else 0
-        project = [copy, proj, -copy]
+        ih = matmul(seq_len * batch, size, cell.gates) if matmul else 0
+        project = [copy, proj, ih, -ih, -copy]
+        run = _direction(cell, seq_len, batch, e, hh)
         if dirs == 1:  # FullLayer: project, run, stack, free the steps and the projection
-            seq += [*project, *_direction(cell, seq_len, batch, e), steps, -(steps - last), -proj]
+            seq += [*project, *run, steps, -(steps - last), -proj]
         else:  # FullBidirectionalLayer: both directions' steps live until the concatenation returns
-            seq += [*project, *_direction(cell, seq_len, batch, e), steps, *project, -proj]
-            seq += [*_direction(cell, seq_len, batch, e), steps, 2 * steps, -2 * steps, -2 * (steps - last), -proj]
+            seq += [*project, *run, steps, *project, -proj]
+            seq += [*run, steps, 2 * steps, -2 * steps, -2 * (steps - last), -proj]
         seq += [-prev]
         prev, size = dirs * steps, dirs * cell.out
     finals = num_layers * dirs
@@ -153,6 +168,59 @@ def _cell_of(params: list[torch.Tensor], hx: Any) -> _Cell:
     return _Cell(gates, hidden, hidden, False)
 
 
+def native_matmul_scratch(x: torch.Tensor, info: CpuInfo, seq_len: int, batch: int, batch_first: bool,
+                          copy_first: bool) -> MatmulScratch | None:
+    """The scratch of the cells' ``at::linear`` matmuls where ATen sends them to oneDNN (bfloat16): each is an
+    ``addmm`` of ``[m, k] @ [k, n]`` (a ``[T, B, k]`` projection folded to ``T·B`` rows) on ``brg_matmul``,
+    sized by :func:`.matmul.brgemm_scratchpad`. None where that is not modelled here (another ISA or thread
+    count; a batch-first input, whose transposed projection measured well above the fold's); the note says so. Float32
+    and float16 run ATen's gemm: no scratch."""
+    if x.dtype != torch.bfloat16 or not onednn_matmul(x.dtype, 1 << 30, 1, info):
+        return lambda m, k, n: 0
+    if info.isa != MODELLED_ISA or torch.get_num_threads() not in MODELLED_THREADS:
+        return None
+    if batch_first and seq_len > 1 and batch > 1:  # the transposed input's projection: measured otherwise
+        return None
+    nthr = torch.get_num_threads()
+
+    def scratch(m: int, k: int, n: int) -> int:
+        if not onednn_matmul(x.dtype, m * k, n, info):
+            return 0  # checksize: small products stay on ATen's gemm
+        call = OnednnMatmul(1, k, m) if n == 1 else OnednnMatmul(m, k, n)
+        size = brgemm_scratchpad(call, nthr)
+        if size is None:
+            raise _NotModelled
+        return size
+    return scratch
+
+
+class _NotModelled(Exception):
+    """A cell's matmul whose brgemm blocking the port refuses (oneDNN would pick another kernel)."""
+
+
+def native_modelled(args: tuple[Any, ...], info: CpuInfo) -> bool:
+    """Whether :func:`rule_native_infer` sizes this call's matmul scratch (always for float32 and float16)."""
+    x, hx, params = args[0], args[1], args[2]
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        return True
+    batch_first = bool(args[8])
+    seq_len, batch = (int(x.shape[1]), int(x.shape[0])) if batch_first else (int(x.shape[0]), int(x.shape[1]))
+    copy_first = batch_first and bool(params[0].requires_grad) and seq_len > 1 and batch > 1
+    matmul = native_matmul_scratch(x, info, seq_len, batch, batch_first, copy_first)
+    if matmul is None:
+        return False
+    cell, size, dirs = _cell_of(params, hx), int(x.shape[2]), 2 if bool(args[7]) else 1
+    if cell.lstm and x.dtype == torch.bfloat16:
+        return False  # the projection's matmul inside the LSTM cell is not added here
+    try:
+        matmul(batch, cell.out, cell.gates)
+        for layer in range(int(args[4])):
+            matmul(seq_len * batch, size if layer == 0 else dirs * cell.out, cell.gates)
+    except _NotModelled:
+        return False
+    return True
+
+
 def rule_native_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
     """``aten.{rnn_tanh,rnn_relu,gru,lstm}.input`` on native cells under inference mode. Arguments: input,
     hx (a list [h0, c0] for LSTM), params, has_biases, num_layers, dropout, train, bidirectional,
@@ -164,8 +232,11 @@ def rule_native_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, t
     seq_len, batch = (int(x.shape[1]), int(x.shape[0])) if batch_first else (int(x.shape[0]), int(x.shape[1]))
     cell = _cell_of(params, hx)
     copy_first = batch_first and bool(params[0].requires_grad) and seq_len > 1 and batch > 1
+    matmul = native_matmul_scratch(x, info, seq_len, batch, batch_first, copy_first)
+    if cell.lstm or not native_modelled(args, info):
+        matmul = None  # an LSTM's cells (projection matmuls) and refused blockings: the note says so
     seq = native_sequence(cell, seq_len, batch, int(x.shape[2]), num_layers, 2 if bidirectional else 1,
-                          x.element_size(), copy_first)
+                          x.element_size(), copy_first, matmul)
     fresh = sum(nbytes(t) for t in out)
     return max(alloc_peak(seq) - fresh, 0)
 
