@@ -55,3 +55,31 @@ def test_bf16_batch_first_recurrent_inference_keeps_its_note() -> None:
     model = nn.GRU(16, 32, batch_first=True).to(BF16)
     notes = nnmem.estimate(model, (torch.randn(4, 6, 16, dtype=BF16),), mode="infer").notes
     assert any("matmuls inside" in n for n in notes), notes
+
+
+def test_bf16_lstm_inference_scratch_is_at_most_a_kilobyte_high(torch_threads: Callable[[int], None]) -> None:
+    """bfloat16 LSTM inference through oneDNN's RNN primitive (the brgemm kernels): bfloat16 states and weights in
+    VNNI pairs, float32 gates; the registry's small per-thread arrays are taken at their upper end, so each op is
+    estimated at most 1 KiB above the allocator's peak inside it and never below."""
+    _require_modelled_cpu()
+    rng, seen, off = random.Random(3), 0, []
+    for _ in range(30):
+        torch_threads(rng.choice(MODELLED_THREADS))
+        i, h = rng.choice([3, 8, 17, 32, 64, 100]), rng.choice([4, 16, 33, 64, 128])
+        layers, bi, first = rng.choice([1, 1, 2, 3]), rng.random() < 0.4, rng.random() < 0.3
+        seq, batch = rng.choice([1, 2, 5, 12, 30]), rng.choice([1, 2, 3, 8])
+        model = nn.LSTM(i, h, layers, bidirectional=bi, batch_first=first).to(BF16)
+        x = torch.randn(batch, seq, i, dtype=BF16) if first else torch.randn(seq, batch, i, dtype=BF16)
+
+        def step(model: nn.Module = model, x: torch.Tensor = x) -> None:
+            with torch.inference_mode():
+                model(x)
+
+        for r in calibrate.measure_ops(step, training=False):
+            if r.name.startswith("aten.lstm") and r.note is None:
+                seen += 1
+                if not 0 <= r.predicted - r.scratch <= 1024:
+                    off.append(f"{torch.get_num_threads()} threads {model} {tuple(x.shape)}: measured "
+                               f"{r.scratch:,} B, rule {r.predicted:,} B")
+    assert not off, "\n".join(off)
+    assert seen >= 25

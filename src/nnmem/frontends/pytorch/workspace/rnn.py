@@ -16,7 +16,7 @@ import torch
 from nnmem.cpu import CpuInfo
 from nnmem.errors import UnsupportedError
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, alloc_peak, aten, dtype_name, nbytes, round_up
-from nnmem.frontends.pytorch.workspace.matmul import onednn_matmul
+from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS, onednn_matmul
 from nnmem.frontends.pytorch.workspace.rnn_native import (
     NATIVE_INFER,
     PACKED,
@@ -52,9 +52,13 @@ def lstm_workspace_bytes(seq_len: int, batch: int, input_size: int, hidden: int,
 
 # The scratchpad registry adds to oneDNN's "rnn space" one perf_align page and small pointer arrays:
 # 568 B in training (merged-GEMM kernels), 856-1016 B with the inference (brgemm) kernels at 2 threads
-# (brgemm batch elements per thread; 1 KiB taken). Measured: calibrate_workspace, lstm_lm.
+# (brgemm batch elements per thread; 1 KiB taken), 160 B more per thread above 2 (upper ends: 1,160 B measured
+# at 3 threads, 1,320 B at 4; float32 and bfloat16). Measured: calibrate_workspace, lstm_lm, seeded draws.
 _SCRATCH_EXTRA_TRAIN = _PAGE + 568
-_SCRATCH_EXTRA_INFER = _PAGE + 1024
+
+
+def _scratch_extra_infer() -> int:
+    return _PAGE + 1024 + 160 * max(0, torch.get_num_threads() - 2)
 
 
 def _lstm_scratchpad(seq_len: int, batch: int, input_size: int, hidden: int, elsize: int, training: bool) -> int:
@@ -63,17 +67,19 @@ def _lstm_scratchpad(seq_len: int, batch: int, input_size: int, hidden: int, els
     Training (forward and backward) merges the layer GEMM over time: scratch_gates for all T steps,
     scratch_ht and scratch_diff_ht. Inference runs the brgemm kernels without a workspace output, so the
     scratchpad also holds ws_states_layer and ws_states_iter_c, and scratch_gates for a single step, or
-    for all T steps at batch 1 ("merged layer compute": rnn_brgemm_utils.cpp, mb <= 1 and T >= 2).
+    for all T steps at batch 1 ("merged layer compute": rnn_brgemm_utils.cpp, mb <= 1 and T >= 2). In bfloat16
+    (inference) the states are 2-byte elements and the gates float32 (measured).
     """
-    e = elsize
-    gates_row = batch * _good_ld(4 * hidden, e) * e
+    e, acc = elsize, 4  # the gates accumulate in float32 whatever the data type
+    gates_row = batch * _good_ld(4 * hidden, acc) * acc
     ht = round_up(batch * _good_ld(hidden, e) * e, _PAGE)
     if training:
         return round_up(seq_len * gates_row, _PAGE) + 2 * ht + _SCRATCH_EXTRA_TRAIN
     rows = 2 * (seq_len + 1) * batch
-    states = round_up(rows * _good_ld(max(input_size, hidden), e) * e, _PAGE) + round_up(rows * hidden * 4, _PAGE)
+    # the cell states take cx's type: float32, or bfloat16 for a bfloat16 LSTM (src_iter_c)
+    states = round_up(rows * _good_ld(max(input_size, hidden), e) * e, _PAGE) + round_up(rows * hidden * e, _PAGE)
     merged = seq_len if batch == 1 and seq_len >= 2 else 1
-    return states + round_up(merged * gates_row, _PAGE) + ht + _SCRATCH_EXTRA_INFER
+    return states + round_up(merged * gates_row, _PAGE) + ht + _scratch_extra_infer()
 
 
 def _lstm_weights(input_size: int, hidden: int, elsize: int, training: bool, block: int, batch: int = 2) -> int:
@@ -87,6 +93,8 @@ def _lstm_weights(input_size: int, hidden: int, elsize: int, training: bool, blo
     if training:
         return (input_size + hidden) * _good_ld(4 * hidden, elsize) * elsize
     n_block = 4 * block if block == 8 and batch == 1 else 2 * block
+    if elsize == 2:  # bfloat16: each matrix's K rows in VNNI pairs (an odd size padded by one)
+        return 4 * round_up(hidden, n_block) * (round_up(input_size, 2) + round_up(hidden, 2)) * elsize
     return 4 * round_up(hidden, n_block) * (input_size + hidden) * elsize
 
 
@@ -176,8 +184,8 @@ def rule_lstm_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, tra
         return 0
     if not _lstm_on_onednn(x, args[1], info):
         return rule_native_infer(args, kwargs, out, training, info)
-    if x.dtype != torch.float32:
-        return 0  # oneDNN in bfloat16/float16: not modelled (recurrent_note)
+    if not _bf16_lstm_modelled(x, info) and x.dtype != torch.float32:
+        return 0  # oneDNN in float16, or bfloat16 off the measured ISA: not modelled (recurrent_note)
     seq_first = x.transpose(0, 1) if batch_first else x
     seq_len, batch = int(seq_first.shape[0]), int(seq_first.shape[1])
     e, dirs = x.element_size(), 2 if bidirectional else 1
@@ -195,6 +203,11 @@ def rule_lstm_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, tra
             seq += [2 * o, -(2 * o if layer else 0)]
         size = hidden * dirs
     return max(alloc_peak([*seq, 2 * num_layers * dirs * state]) - sum(nbytes(t) for t in out), 0)
+
+
+def _bf16_lstm_modelled(x: torch.Tensor, info: CpuInfo) -> bool:
+    """A bfloat16 LSTM's inference through oneDNN on the ISA and thread counts measured."""
+    return x.dtype == torch.bfloat16 and info.isa == MODELLED_ISA and torch.get_num_threads() in MODELLED_THREADS
 
 
 def _lstm_on_onednn(x: torch.Tensor, hx: Any, info: CpuInfo) -> bool:
@@ -223,7 +236,9 @@ def recurrent_note(func: Any, args: tuple[Any, ...], info: CpuInfo) -> str | Non
         return (f"{kind} {func} over a PackedSequence: its batch sizes come from values the trace does not have: "
                 f"{NOT_MODELLED}")
     if func is aten.lstm.input and _lstm_on_onednn(x, args[1], info):
-        return None if x.dtype == torch.float32 else f"{kind} LSTM inference on oneDNN (ISA {info.isa}): {NOT_MODELLED}"
+        if x.dtype == torch.float32 or _bf16_lstm_modelled(x, info):
+            return None
+        return f"{kind} LSTM inference on oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     # GRU cells and the fused transformer kernels run their projections as matmuls inside the op; the native
     # cells' bfloat16 matmuls are sized where rnn_native can (native_modelled).
     if func in NATIVE_INFER and native_modelled(args, info):
