@@ -8,9 +8,11 @@ the blocked layout of the oneDNN implementation that runs, grad_weight is copied
 (``Acdb8a/16a/24a/32a`` on AVX2), ``Bcda16b/32b`` backward data; ``jit`` backward weights ``ABcd16b16a``
 (``Acdb16a`` below 16 input channels on AVX-512); grouped ``jit`` ``aBCde16c16b``; depthwise ``Goihw16g``.
 Scratchpads booked by oneDNN (``memory_tracking`` registry; each booking is padded by 128 B) are counted
-where the source sizes them from the shape (the padded bias, the depthwise nxc reduction buffers) and for
-the brgemm forward kernels (a constant, see below); the brgemm backward-data buffers (12 to 100 KB) and the
-dense bwd-weights reduction are not.
+where the source sizes them from the shape: the padded bias, the depthwise nxc reduction buffers, the brgemm
+kernels' batch elements per thread (:func:`brgemm_batch_bytes`), backward data's brgemm scratchpad (unit
+stride: :func:`unit_stride_bwd_data`; strided: ``brgconv_strided``, :mod:`.conv_brgemm_bwd`) and the AVX-512
+weights' partial sums (:mod:`.conv_bwd_weights`, passed in by the caller). Shapes found off are noted
+(:func:`.conv_select.conv_note`).
 """
 
 from __future__ import annotations

@@ -125,16 +125,39 @@ def bf16_forward_modelled(call: ConvCall, info: CpuInfo) -> bool:
     """Whether a bfloat16 convolution's scratch is the float32 forward's sequence with 2-byte elements
     (:func:`.conv_onednn.conv_forward`: blocked source and weights, blocked destination, its dense copy), as
     measured on oneDNN's ``avx512_core_bf16`` kernels at 1-4 threads: a dense (one group) NCHW forward in 1-D or
-    2-D with at least 2 input channels, a kernel larger than 1x1 and more than one output position. Other
-    bfloat16 convolutions (1x1, grouped, depthwise, channels-last, one input channel, one output position, 3-D,
-    transposed) and every backward measured otherwise and keep their note."""
+    2-D, a kernel larger than 1x1, more than one output position, and a padding ``jit_bf16`` takes
+    (:func:`_jit_bf16_forward_pads`). Other bfloat16 convolutions (1x1 and depthwise: their own rules; grouped,
+    channels-last, one output position, 3-D, transposed) measured otherwise and keep their note."""
     if call.dtype != torch.bfloat16 or call.backward or call.transposed or call.groups != 1:
         return False
     if len(call.x_shape) != 4 or call.x_layout != "contiguous" or info.isa != MODELLED_ISA:
         return False
     if torch.get_num_threads() not in MODELLED_THREADS:
         return False
-    return call.x_shape[1] >= 2 and math.prod(call.w_shape[2:]) > 1 and math.prod(call.out_sizes) > 1
+    return math.prod(call.w_shape[2:]) > 1 and math.prod(call.out_sizes) > 1 and _jit_bf16_forward_pads(call)
+
+
+def _jit_bf16_forward_pads(call: ConvCall) -> bool:
+    """``jit_avx512_core_bf16_fwd_kernel_t::init_conf``'s padding checks (else oneDNN runs another kernel): the
+    dilated kernel overlaps the source on every side, and neither the left padding nor the right one outside the
+    width's tail passes the width unroll ``ur_w = 31 // (nb_oc_blocking + 1)``, the output-channel blocking the
+    first loop settles on."""
+    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[2:], call.w_shape[2:], call.out_sizes
+    (sh, sw), (t_pad, l_pad), (dh, dw) = call.stride, call.padding, call.dilation
+    ext_kh, ext_kw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    b_pad, r_pad = (oh - 1) * sh + ext_kh - (ih + t_pad), (ow - 1) * sw + ext_kw - (iw + l_pad)
+    if ext_kw <= l_pad or ext_kw <= r_pad or ext_kh <= t_pad or ext_kh <= b_pad:
+        return False
+    nb_oc = -(-call.w_shape[0] // 16)
+    blocking = min(4, nb_oc)
+    while blocking > 1:
+        ur = 31 // (blocking + 1)
+        if nb_oc % blocking == 0 and l_pad <= ur and (ow == 1 or ow % ur != 1):
+            break
+        blocking -= 1
+    ur_w = min(31 // (blocking + 1), ow)
+    r_pad_no_tail = max(0, (ow - ow % ur_w - 1) * sw + ext_kw - (iw + l_pad))
+    return l_pad <= ur_w and r_pad_no_tail <= ur_w
 
 
 def conv_backend(call: ConvCall, info: CpuInfo) -> str:
