@@ -37,6 +37,7 @@ from nnmem.frontends.pytorch.workspace.conv_select import (
     bf16_forward_modelled,
     conv_backend,
     conv_call,
+    copied_input,
     onednn_3d_forward,
     onednn_gemm,
     onednn_nhwc,
@@ -68,10 +69,11 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
         if call.one_d:  # the 4-D views ATen hands oneDNN
             x, weight = x.unsqueeze(2), weight.unsqueeze(2)
         return nhwc_forward(x, weight, call.groups, info.onednn_block)
+    copy, call = copied_input(call, backend)
     if (call.x_layout != "contiguous" and not call.one_d) or (backend == "mkldnn" and onednn_gemm(call, info)[0]):
         return 0  # not modelled: conv_note says so
-    if backend == "mkldnn":  # a strided 1-D input is made contiguous first, and stays live
-        copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else 0
+    if backend == "mkldnn":  # a strided input is made contiguous first, and stays live
+        copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else copy
         return copy + conv_forward(x, weight, bias, out, call.groups, info.onednn_block, call.stride)
     if backend == "mkldnn_transpose" and onednn_transpose_forward(call, info):
         return conv_transpose_forward(x, weight, out, info.onednn_block)
@@ -208,10 +210,11 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
             data = (strided_bwd_data(call, torch.get_num_threads(), 16) or 0) if any(st > 1 for st in call.stride) \
                 else unit_stride_bwd_data(torch.get_num_threads())
         return nhwc_backward(grad_out, x, weight, call.groups, conv, mask, out, info.onednn_block, extra, data)
+    copied, call = copied_input(call, backend)
     if (call.x_layout != "contiguous" and not call.one_d) or onednn_gemm(call, info)[0]:
         return 0  # conv_note says so
-    # convolution_backward makes a strided 1-D input contiguous first (view1d_as_2d), live through the kernel
-    copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else 0
+    # convolution_backward makes a strided input contiguous first (1-D: view1d_as_2d), live through the kernel
+    copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else copied
     if onednn_gemm(call, info)[1]:  # the weights' gradient on gemm (conv_note says so): grad_input only
         mask = (mask[0], False, False)
     strided_nhwc = call.groups == 1 and any(s > 1 for s in call.stride)

@@ -7,6 +7,7 @@ effective ISA (:mod:`nnmem.cpu`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -158,6 +159,16 @@ def _jit_bf16_forward_pads(call: ConvCall) -> bool:
     ur_w = min(31 // (blocking + 1), ow)
     r_pad_no_tail = max(0, (ow - ow % ur_w - 1) * sw + ext_kw - (iw + l_pad))
     return l_pad <= ur_w and r_pad_no_tail <= ur_w
+
+
+def copied_input(call: ConvCall, backend: str) -> tuple[int, ConvCall]:
+    """``(bytes, call)``: ATen's ``mkldnn_convolution(_backward)`` makes a strided (neither contiguous nor
+    channels-last) float32 2-D input ``contiguous()`` first, a copy live through the op (measured, forward and
+    backward), and runs the contiguous kernels; ``(0, call)`` for any other call."""
+    if (backend != "mkldnn" or call.x_layout != "strided" or call.one_d or call.transposed
+            or call.dtype != torch.float32 or len(call.x_shape) != 4):
+        return 0, call
+    return call.x_bytes, dataclasses.replace(call, x_layout="contiguous")
 
 
 def conv_backend(call: ConvCall, info: CpuInfo) -> str:
@@ -314,7 +325,9 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     # A channels-last input is modelled (the Keras-torch zoo's NHWC convolutions measure exact); other strides
     # are not.
     if backend == "mkldnn" and call.x_layout == "strided" and not call.one_d:
-        return f"{call.x_layout} convolution input through oneDNN: {NOT_MODELLED}"
+        if copied_input(call, backend)[0] == 0:
+            return f"{call.x_layout} convolution input through oneDNN: {NOT_MODELLED}"
+        call = dataclasses.replace(call, x_layout="contiguous")  # the contiguous copy runs: its note, if any
     depthwise = call.groups == call.x_shape[1] == call.w_shape[0]
     if backend == "mkldnn" and not call.backward and _brgemm_relo(call, info):
         return f"single-channel channels-last convolution with an input relayout on oneDNN's brgemm kernel " \
