@@ -384,6 +384,8 @@ def _float32_note(call: ConvCall, info: CpuInfo, backend: str) -> str | None:
     one_by_one = math.prod(call.w_shape[2:]) == 1
     if one_by_one and any(call.padding):
         return f"padded 1x1 convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
+    if not call.backward and info.onednn_block == 8 and not onednn_nhwc(call) and _avx2_forward_refuses(call):
+        return f"convolution forward on oneDNN's gemm kernel (ISA {info.isa}, this shape): {NOT_MODELLED}"
     if call.backward and onednn_nhwc(call) and info.onednn_block == 16:
         if bwd_weights_kernel(call, info.onednn_block, nxc=True) is None:
             return f"channels-last convolution weights' gradient on oneDNN's gemm (ISA {info.isa}): {NOT_MODELLED}"
@@ -392,3 +394,27 @@ def _float32_note(call: ConvCall, info: CpuInfo, backend: str) -> str | None:
             # ones gather per thread otherwise; 16 and more at unit stride within 256 B above (seeded draws)
             return f"1x1 channels-last convolution backward through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     return None
+
+
+def _avx2_forward_refuses(call: ConvCall) -> bool:
+    """``jit_avx2_conv_fwd_kernel_f32_t::init_conf``'s shape checks (oneDNN then runs ``gemm``): the dilated kernel
+    overlapping the source on every side, the left padding within the width unroll (3, at most the output's
+    width), no padding with a kernel wider than 7 unless unit-strided, and the right padding past the unrolled
+    columns within a recomputed unroll."""
+    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[2:], call.w_shape[2:], call.out_sizes
+    (sh, sw), (t_pad, l_pad), (dh, dw) = call.stride, call.padding, call.dilation
+    ext_kh, ext_kw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    b_pad, r_pad = (oh - 1) * sh + ext_kh - (ih + t_pad), (ow - 1) * sw + ext_kw - (iw + l_pad)
+    if ext_kw <= l_pad or ext_kw <= r_pad or ext_kh <= t_pad or ext_kh <= b_pad:
+        return True
+    ur_w = min(3, ow)
+    if l_pad > ur_w or (kw > 7 and (t_pad or l_pad) and (sh != 1 or sw != 1)):
+        return True
+    tail = ow % ur_w
+    r_pad_no_tail = max(0, (ow - tail - 1) * sw + ext_kw - (iw + l_pad))
+    if r_pad_no_tail > ur_w * sw and ow // ur_w > 1:
+        ur_w = min(r_pad_no_tail // sw + tail, min(ow, 15 // 2))
+        tail = ow % ur_w
+        r_pad_no_tail = max(0, (ow - tail - 1) * sw + ext_kw - (iw + l_pad))
+        return ur_w < max(l_pad, r_pad_no_tail)
+    return False
