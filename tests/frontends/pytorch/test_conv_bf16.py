@@ -60,6 +60,27 @@ def test_bf16_forward_convolution_scratch_matches_measurement(torch_threads: Cal
     assert claimed >= 30
 
 
+def _seeded_mismatches(draw: Callable[[random.Random], tuple[nn.Module, torch.Tensor]], seed: int, ops: str,
+                       torch_threads: Callable[[int], None], draws: int = 40) -> tuple[int, list[str]]:
+    """Run ``draws`` seeded convolutions forward and backward at 1-4 threads; ``(ops claimed, mismatches)`` over the
+    ops whose name starts with ``ops`` and that carry no note: each one's rule against the allocator's peak
+    inside it minus its outputs."""
+    rng, claimed, mismatches = random.Random(seed), 0, []
+    for _ in range(draws):
+        torch_threads(rng.choice(MODELLED_THREADS))
+        conv, x = draw(rng)
+
+        def step(conv: nn.Module = conv, x: torch.Tensor = x) -> None:
+            conv(x).float().sum().backward()
+
+        rows = [r for r in calibrate.measure_ops(step, training=True) if r.name.startswith(ops) and r.note is None]
+        claimed += len(rows)
+        mismatches += [f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} grad_input={x.requires_grad} "
+                       f"{r.name}: measured {r.scratch:,} B, rule {r.predicted:,} B"
+                       for r in rows if r.predicted != r.scratch]
+    return claimed, mismatches
+
+
 def _conv_backward(rng: random.Random) -> tuple[nn.Module, torch.Tensor]:
     """A dense 1-D or 2-D bfloat16 convolution (1-130 input channels, kernel 2-7, stride 1-3, dilation 1-2,
     padding, with or without bias) and its input, which asks for its gradient in most draws."""
@@ -80,19 +101,7 @@ def test_bf16_backward_convolution_scratch_matches_measurement(torch_threads: Ca
     the op minus its outputs, at 1-4 threads (jit_bf16's transposed source and output gradient, the float32
     partial sums of the weights' gradient); most of them are claimed."""
     _require_modelled_cpu()
-    rng, claimed, mismatches = random.Random(11), 0, []
-    for _ in range(40):
-        torch_threads(rng.choice(MODELLED_THREADS))
-        conv, x = _conv_backward(rng)
-
-        def step(conv: nn.Module = conv, x: torch.Tensor = x) -> None:
-            conv(x).float().sum().backward()
-
-        rows = [r for r in calibrate.measure_ops(step, training=True)
-                if r.name.startswith("aten.convolution_backward") and r.note is None]
-        claimed += len(rows)
-        mismatches += [f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} grad_input={x.requires_grad}: "
-                       f"measured {r.scratch:,} B, rule {r.predicted:,} B" for r in rows if r.predicted != r.scratch]
+    claimed, mismatches = _seeded_mismatches(_conv_backward, 11, "aten.convolution_backward", torch_threads)
     assert not mismatches, "\n".join(mismatches)
     assert claimed >= 15
 
@@ -116,19 +125,7 @@ def test_bf16_1x1_convolution_scratch_matches_measurement(torch_threads: Callabl
     weights' partial sums and transposes, the strided source gathered at unit stride) equals the allocator's peak
     inside the op minus its outputs, at 1-4 threads; most of them are claimed."""
     _require_modelled_cpu()
-    rng, claimed, mismatches = random.Random(5), 0, []
-    for _ in range(40):
-        torch_threads(rng.choice(MODELLED_THREADS))
-        conv, x = _one_by_one(rng)
-
-        def step(conv: nn.Module = conv, x: torch.Tensor = x) -> None:
-            conv(x).float().sum().backward()
-
-        rows = [r for r in calibrate.measure_ops(step, training=True) if "convolution" in r.name and r.note is None]
-        claimed += len(rows)
-        mismatches += [f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} grad_input={x.requires_grad} "
-                       f"{r.name}: measured {r.scratch:,} B, rule {r.predicted:,} B"
-                       for r in rows if r.predicted != r.scratch]
+    claimed, mismatches = _seeded_mismatches(_one_by_one, 5, "aten.convolution", torch_threads)
     assert not mismatches, "\n".join(mismatches)
     assert claimed >= 35
 
@@ -152,19 +149,7 @@ def test_bf16_depthwise_convolution_scratch_matches_measurement(torch_threads: C
     """Every seeded depthwise forward and backward the rules claim (``jit_dw``: the float32 bias, the weights'
     float32 partial sums per batch thread) equals the allocator's peak inside the op minus its outputs."""
     _require_modelled_cpu()
-    rng, claimed, mismatches = random.Random(2), 0, []
-    for _ in range(40):
-        torch_threads(rng.choice(MODELLED_THREADS))
-        conv, x = _depthwise(rng)
-
-        def step(conv: nn.Module = conv, x: torch.Tensor = x) -> None:
-            conv(x).float().sum().backward()
-
-        rows = [r for r in calibrate.measure_ops(step, training=True) if "convolution" in r.name and r.note is None]
-        claimed += len(rows)
-        mismatches += [f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} grad_input={x.requires_grad} "
-                       f"{r.name}: measured {r.scratch:,} B, rule {r.predicted:,} B"
-                       for r in rows if r.predicted != r.scratch]
+    claimed, mismatches = _seeded_mismatches(_depthwise, 2, "aten.convolution", torch_threads)
     assert not mismatches, "\n".join(mismatches)
     assert claimed >= 35
 

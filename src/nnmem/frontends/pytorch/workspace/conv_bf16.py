@@ -32,21 +32,12 @@ _FULL_SPAT_OPT = 48 * 1024  # full_spat_opt_working_set_size
 _BF16, _F32 = 2, 4
 
 
-def _ext(k: int, dilation: int) -> int:
-    """``calculate_extended_filter_size`` with oneDNN's dilation (``d - 1``)."""
-    return (k - 1) * dilation + 1
-
-
 def _geometry(call: ConvCall) -> tuple[int, ...]:
-    """``(ih, iw, oh, ow, kh, kw, sh, sw, t_pad, l_pad, b_pad, r_pad, ext_kh, ext_kw)`` of a 2-D call."""
-    ih, iw = call.x_shape[2:]
-    kh, kw = call.w_shape[2:]
-    oh, ow = call.out_sizes
-    (sh, sw), (t_pad, l_pad), (dh, dw) = call.stride, call.padding, call.dilation
-    ext_kh, ext_kw = _ext(kh, dh), _ext(kw, dw)
-    b_pad = max(0, (oh - 1) * sh + ext_kh - (ih + t_pad))  # calculate_end_padding
-    r_pad = max(0, (ow - 1) * sw + ext_kw - (iw + l_pad))
-    return ih, iw, oh, ow, kh, kw, sh, sw, t_pad, l_pad, b_pad, r_pad, ext_kh, ext_kw
+    """``(ih, iw, oh, ow, kh, kw, sh, sw, t_pad, l_pad, b_pad, r_pad, ext_kh, ext_kw)`` of a 2-D call, the end
+    paddings at least 0 (``init_conf`` of the backward-weights kernel clamps them)."""
+    ext_kh, ext_kw, b_pad, r_pad = call.extents
+    return (*call.x_shape[2:], *call.out_sizes, *call.w_shape[2:], *call.stride, *call.padding,
+            max(0, b_pad), max(0, r_pad), ext_kh, ext_kw)
 
 
 def jit_bf16_bwd_weights(call: ConvCall) -> bool:
@@ -199,13 +190,10 @@ def _dw_forward_takes(call: ConvCall) -> bool:
     """``jit_uni_dw_conv_fwd_kernel_t::init_conf``'s checks for bfloat16 on nChw16c: the dilated kernel overlaps
     the source on every side, and neither the left padding nor the right one outside the width's tail passes
     the width unroll (``ur_w``: 6, at most the output width)."""
-    ih, iw, oh, ow, kh, kw, sh, sw, t_pad, l_pad, b_pad, r_pad, ext_kh, ext_kw = _geometry(call)
-    b_pad, r_pad = (oh - 1) * sh + ext_kh - (ih + t_pad), (ow - 1) * sw + ext_kw - (iw + l_pad)
-    if ext_kw <= l_pad or ext_kw <= r_pad or ext_kh <= t_pad or ext_kh <= b_pad:
+    if call.kernel_outside():
         return False
-    ur_w = min(6, ow)
-    r_pad_no_tail = max(0, (ow - ow % ur_w - 1) * sw + ext_kw - (iw + l_pad))
-    return l_pad <= ur_w and r_pad_no_tail <= ur_w
+    ur_w = min(6, call.out_sizes[-1])
+    return call.padding[-1] <= ur_w and call.r_pad_no_tail(ur_w) <= ur_w
 
 
 def bf16_depthwise_bias(call: ConvCall, with_bias: bool) -> int:

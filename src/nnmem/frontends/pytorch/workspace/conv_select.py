@@ -58,6 +58,27 @@ class ConvCall:
                      zip(self.x_shape[2:], self.padding, self.dilation, self.w_shape[2:], self.stride))
 
     @property
+    def extents(self) -> tuple[int, int, int, int]:
+        """``(ext_kh, ext_kw, b_pad, r_pad)`` of a 2-D call as oneDNN's ``init_conf`` computes them: the dilated
+        kernel's height and width (``calculate_extended_filter_size``) and the bottom and right paddings
+        (``calculate_end_padding``, negative where the kernel stops short of the input's end)."""
+        (ih, iw), (kh, kw), (oh, ow) = self.x_shape[2:], self.w_shape[2:], self.out_sizes
+        (sh, sw), (t_pad, l_pad), (dh, dw) = self.stride, self.padding, self.dilation
+        ext_kh, ext_kw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+        return ext_kh, ext_kw, (oh - 1) * sh + ext_kh - (ih + t_pad), (ow - 1) * sw + ext_kw - (iw + l_pad)
+
+    def kernel_outside(self) -> bool:
+        """``kernel_outside_src`` of the forward kernels' ``init_conf``: a padding as wide as the dilated kernel."""
+        ext_kh, ext_kw, b_pad, r_pad = self.extents
+        t_pad, l_pad = self.padding
+        return ext_kw <= l_pad or ext_kw <= r_pad or ext_kh <= t_pad or ext_kh <= b_pad
+
+    def r_pad_no_tail(self, ur_w: int) -> int:
+        """The right padding of the columns before the width unroll's tail (forward kernels' ``init_conf``)."""
+        ow, iw, sw, l_pad = self.out_sizes[-1], self.x_shape[-1], self.stride[-1], self.padding[-1]
+        return max(0, (ow - ow % ur_w - 1) * sw + self.extents[1] - (iw + l_pad))
+
+    @property
     def x_bytes(self) -> int:
         return math.prod(self.x_shape) * self.itemsize
 
@@ -143,12 +164,9 @@ def _jit_bf16_forward_pads(call: ConvCall) -> bool:
     dilated kernel overlaps the source on every side, and neither the left padding nor the right one outside the
     width's tail passes the width unroll ``ur_w = 31 // (nb_oc_blocking + 1)``, the output-channel blocking the
     first loop settles on."""
-    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[2:], call.w_shape[2:], call.out_sizes
-    (sh, sw), (t_pad, l_pad), (dh, dw) = call.stride, call.padding, call.dilation
-    ext_kh, ext_kw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
-    b_pad, r_pad = (oh - 1) * sh + ext_kh - (ih + t_pad), (ow - 1) * sw + ext_kw - (iw + l_pad)
-    if ext_kw <= l_pad or ext_kw <= r_pad or ext_kh <= t_pad or ext_kh <= b_pad:
+    if call.kernel_outside():
         return False
+    ow, l_pad = call.out_sizes[-1], call.padding[-1]
     nb_oc = -(-call.w_shape[0] // 16)
     blocking = min(4, nb_oc)
     while blocking > 1:
@@ -157,8 +175,7 @@ def _jit_bf16_forward_pads(call: ConvCall) -> bool:
             break
         blocking -= 1
     ur_w = min(31 // (blocking + 1), ow)
-    r_pad_no_tail = max(0, (ow - ow % ur_w - 1) * sw + ext_kw - (iw + l_pad))
-    return l_pad <= ur_w and r_pad_no_tail <= ur_w
+    return l_pad <= ur_w and call.r_pad_no_tail(ur_w) <= ur_w
 
 
 def copied_input(call: ConvCall, backend: str) -> tuple[int, ConvCall]:
@@ -401,20 +418,13 @@ def _avx2_forward_refuses(call: ConvCall) -> bool:
     overlapping the source on every side, the left padding within the width unroll (3, at most the output's
     width), no padding with a kernel wider than 7 unless unit-strided, and the right padding past the unrolled
     columns within a recomputed unroll."""
-    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[2:], call.w_shape[2:], call.out_sizes
-    (sh, sw), (t_pad, l_pad), (dh, dw) = call.stride, call.padding, call.dilation
-    ext_kh, ext_kw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
-    b_pad, r_pad = (oh - 1) * sh + ext_kh - (ih + t_pad), (ow - 1) * sw + ext_kw - (iw + l_pad)
-    if ext_kw <= l_pad or ext_kw <= r_pad or ext_kh <= t_pad or ext_kh <= b_pad:
+    if call.kernel_outside():
         return True
+    ow, kw, sw, (t_pad, l_pad) = call.out_sizes[-1], call.w_shape[-1], call.stride[-1], call.padding
     ur_w = min(3, ow)
-    if l_pad > ur_w or (kw > 7 and (t_pad or l_pad) and (sh != 1 or sw != 1)):
+    if l_pad > ur_w or (kw > 7 and (t_pad or l_pad) and any(s != 1 for s in call.stride)):
         return True
-    tail = ow % ur_w
-    r_pad_no_tail = max(0, (ow - tail - 1) * sw + ext_kw - (iw + l_pad))
-    if r_pad_no_tail > ur_w * sw and ow // ur_w > 1:
-        ur_w = min(r_pad_no_tail // sw + tail, min(ow, 15 // 2))
-        tail = ow % ur_w
-        r_pad_no_tail = max(0, (ow - tail - 1) * sw + ext_kw - (iw + l_pad))
-        return ur_w < max(l_pad, r_pad_no_tail)
+    if call.r_pad_no_tail(ur_w) > ur_w * sw and ow // ur_w > 1:
+        ur_w = min(call.r_pad_no_tail(ur_w) // sw + ow % ur_w, min(ow, 15 // 2))
+        return ur_w < max(l_pad, call.r_pad_no_tail(ur_w))
     return False
