@@ -6,39 +6,21 @@ gradient reduces float32 partial sums per batch thread and, on small images, tra
 output gradient per thread; a strided 1x1 gathers its source at unit stride per thread first ("reduce to unit
 stride", ``rtus``). Ported from oneDNN 3.12 (the version torch 2.13 bundles): src/cpu/x64/
 jit_avx512_core_bf16_1x1_conv_kernel.cpp ``init_conf`` / ``balance`` / ``init_scratchpad`` and
-jit_uni_1x1_conv_utils.hpp ``rtus_prepare`` / ``rtus_prepare_space_info`` / ``best_divider``.
+jit_uni_1x1_conv_utils.hpp ``rtus_prepare`` / ``rtus_prepare_space_info`` (``best_divider``: :mod:`.conv_bwd_weights`).
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from nnmem.frontends.pytorch.workspace._common import round_up
-from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _barriers, _book, _div_up
+from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _barriers, _book, _div_up, best_divider
+from nnmem.frontends.pytorch.workspace.conv_bwd_weights import as_float32 as _f32
 
 _BLOCK = 16
 _BF16, _F32 = 2, 4
 _L2_GUESS = 512 * 1024  # platform::get_per_core_cache_size's guess when the CPU does not say
-
-
-def _f32(value: float) -> float:
-    """``value`` rounded to a C ``float``, as the heuristics compute."""
-    return float(struct.unpack("f", struct.pack("f", value))[0])
-
-
-def best_divider(value: int, min_divider: int, max_divider: int, find_max: bool, step: int = 1) -> int:
-    """``best_divider`` (jit_uni_1x1_conv_utils.hpp): the divider in range that pads ``value`` least."""
-    max_divider = max(1, min(max_divider, value))
-    min_divider = max(1, min(min_divider, max_divider))
-    best, pick = float("inf"), max_divider
-    for divider in range(max_divider, min_divider - 1, -step):
-        padded = round_up(value, divider)
-        loss = _f32((padded - value) / padded)
-        if (find_max and loss < best) or (not find_max and loss <= best):
-            best, pick = loss, divider
-    return pick
 
 
 def l2_per_core() -> int:

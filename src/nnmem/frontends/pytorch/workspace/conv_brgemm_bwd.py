@@ -35,6 +35,13 @@ def _book(size: int) -> int:
     return size + _P4K if size else 0
 
 
+def brgemm_batch_bytes(nthreads: int) -> int:
+    """The brgemm convolution kernels' batch elements (``key_brgemm_primitive_batch``): per thread a page's worth
+    (``adjusted_batch_size``: 103 elements, 4,120 B), booked page-aligned (P4K) — the whole scratchpad of a
+    forward kernel that needs no buffers (measured: 4,096 + 4,120 B per thread at 1-4 threads)."""
+    return _book(nthreads * -(-_P4K // _BATCH_ELEMENT) * _BATCH_ELEMENT)
+
+
 def _page(value: int) -> int:
     return -(-value // _P4K) * _P4K
 
@@ -69,6 +76,5 @@ def strided_bwd_data(call: ConvCall, nthreads: int, block: int) -> int | None:
     ohp = oh + max(0, kh - 1 - t_pad) // sh + max(0, kh - 1 - b_pad) // sh
     owp = ow + max(0, kw - 1 - l_pad) // sw + max(0, kw - 1 - r_pad) // sw
     oc = call.w_shape[0]
-    batch = -(-_P4K // _BATCH_ELEMENT) * _BATCH_ELEMENT  # one page of batch elements, rounded to whole ones
-    return (_book(nthreads * batch) + _book(nthreads * _page(ohp * owp * oc) * call.itemsize)
+    return (brgemm_batch_bytes(nthreads) + _book(nthreads * _page(ohp * owp * oc) * call.itemsize)
             + _book(nthreads * _P4K))

@@ -12,6 +12,7 @@ and ``reduce_balancer_t::balance`` (cpu_reducer.cpp). Which kernel runs: :func:`
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -107,14 +108,20 @@ def dw_jit_bwd_weights(x_shape: Sequence[int], w_shape: Sequence[int], stride: S
             and ih >= kh + (-ph % sh) and (ph <= 1 or ph % sh == 0) and (b_pad <= 1 or b_pad % sh == 0))
 
 
-def _best_divider(value: int, min_divider: int, max_divider: int, find_max: bool) -> int:
-    """``best_divider`` (cpu/x64/jit_uni_1x1_conv_utils.hpp)."""
-    top = max(1, min(max_divider, value))
-    low = max(1, min(min_divider, top))
-    best, pick = float("inf"), top
-    for divider in range(top, low - 1, -1):
+def as_float32(value: float) -> float:
+    """``value`` rounded to a C ``float``, as oneDNN's heuristics compute."""
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+def best_divider(value: int, min_divider: int, max_divider: int, find_max: bool, step: int = 1) -> int:
+    """``best_divider`` (cpu/x64/jit_uni_1x1_conv_utils.hpp): the divider in range that pads ``value`` least, the
+    loss compared as a C ``float``."""
+    max_divider = max(1, min(max_divider, value))
+    min_divider = max(1, min(min_divider, max_divider))
+    best, pick = float("inf"), max_divider
+    for divider in range(max_divider, min_divider - 1, -step):
         padded = round_up(value, divider)
-        loss = (padded - value) / padded
+        loss = as_float32((padded - value) / padded)
         if (find_max and loss < best) or (not find_max and loss <= best):
             best, pick = loss, divider
     return pick
@@ -132,9 +139,9 @@ def avx512_1x1(d: ConvDims, nthreads: int, strided: bool = False) -> int:
     problem ``d``; ``strided`` adds the source gathered at unit stride."""
     blk = 16
     ic, oc, spatial = round_up(d.ic, blk), round_up(d.oc, blk), d.ih * d.iw
-    reduce_block = _best_divider(spatial, 7, 16, True)
+    reduce_block = best_divider(spatial, 7, 16, True)
     if spatial % reduce_block:
-        reduce_block = _best_divider(d.iw, 4, d.iw, False)
+        reduce_block = best_divider(d.iw, 4, d.iw, False)
     if reduce_block > 256:
         reduce_block = 1
     nb_bcast, nb_load, nb_reduce = ic // blk, oc // blk, _div_up(spatial, reduce_block)
@@ -160,7 +167,7 @@ def avx512_1x1(d: ConvDims, nthreads: int, strided: bool = False) -> int:
     if d.with_bias:
         total += _book(oc * _F32) if oc != d.oc else 0
         total += _reducer(nthr, blk, nb_load, d.mb, nthr * 3 * 5 * 5 * 16 * 16)
-    return total + _rtus(nthr, _best_divider(nb_bcast, 5, nb_bcast, False), d, blk, strided)
+    return total + _rtus(nthr, best_divider(nb_bcast, 5, nb_bcast, False), d, blk, strided)
 
 
 _MIN_OH_REDUCE = 9  # jit_avx512_common_conv_bwd_weights_kernel_f32_t::min_oh_reduce

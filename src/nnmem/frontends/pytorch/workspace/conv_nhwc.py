@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from nnmem.frontends.pytorch.workspace._common import alloc_peak, nbytes, round_up
+from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import brgemm_batch_bytes
 from nnmem.frontends.pytorch.workspace.conv_select import dw_jit_bwd_weights, grouped_block, io_block
 
 _BOOK_PAD = 128  # oneDNN memory_tracking registry: each booking's capacity is its size plus the alignment
@@ -64,18 +65,6 @@ def forward_weight(x: torch.Tensor, weight: torch.Tensor, groups: int, b: int) -
     if groups > 1:
         return _grouped_blocked(o, c_per_g, k, groups, e, b)
     return round_up(o, io_block(o, b)) * c * k * e
-
-
-_P4K = 4096
-_BATCH_PAGE = 4120  # a page of brgemm_batch_element_t (40 B) rounded up to whole elements: 103 of them
-
-
-def brgemm_batch_bytes(nthreads: int) -> int:
-    """The brgemm convolution kernels' batch elements (brgemm_convolution_utils::init_scratchpad,
-    ``key_brgemm_primitive_batch``): per thread a page's worth (``adjusted_batch_size``), booked page-aligned
-    (P4K) — the whole scratchpad of a forward kernel that needs no buffers (measured: 4,096 + 4,120 B per
-    thread at 1-4 threads, 12,336 B at 2)."""
-    return nthreads * _BATCH_PAGE + _P4K
 
 
 def unit_stride_bwd_data(nthreads: int) -> int:
