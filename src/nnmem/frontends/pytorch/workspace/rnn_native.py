@@ -232,11 +232,14 @@ def rule_native_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, t
     seq_len, batch = (int(x.shape[1]), int(x.shape[0])) if batch_first else (int(x.shape[0]), int(x.shape[1]))
     cell = _cell_of(params, hx)
     copy_first = batch_first and bool(params[0].requires_grad) and seq_len > 1 and batch > 1
-    matmul = native_matmul_scratch(x, info, seq_len, batch, batch_first, copy_first)
-    if cell.lstm or not native_modelled(args, info):
-        matmul = None  # an LSTM's cells (projection matmuls) and refused blockings: the note says so
-    seq = native_sequence(cell, seq_len, batch, int(x.shape[2]), num_layers, 2 if bidirectional else 1,
-                          x.element_size(), copy_first, matmul)
+    # an LSTM's cells (projection matmuls) and blockings the matmul port refuses: not added (the note says so)
+    matmul = None if cell.lstm else native_matmul_scratch(x, info, seq_len, batch, batch_first, copy_first)
+    shape = (cell, seq_len, batch, int(x.shape[2]), num_layers, 2 if bidirectional else 1, x.element_size(),
+             copy_first)
+    try:
+        seq = native_sequence(*shape, matmul)
+    except _NotModelled:
+        seq = native_sequence(*shape, None)
     fresh = sum(nbytes(t) for t in out)
     return max(alloc_peak(seq) - fresh, 0)
 
