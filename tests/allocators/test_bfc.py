@@ -56,3 +56,44 @@ def test_a_chunk_that_would_waste_128_mib_is_split() -> None:
     small = BFCAllocator()
     small.release(small.alloc(256 << 20)[0])
     assert small.alloc(129 << 20)[1] == 256 << 20  # 127 MiB of waste, under twice the request: handed out whole
+
+
+def test_a_gpu_allocator_without_growth_maps_its_whole_limit_as_one_region() -> None:
+    """Without allow_growth (a GPU's default) the first region is the memory limit (the constructor's
+    ``curr_region_allocation_bytes_ = RoundedBytes(total_memory)``): a 1.8 MB request is split off it (the CPU's
+    first 2 MiB region would hand it out whole), and freed chunks merge back into the one region."""
+    gpu = BFCAllocator(1 << 30, growth=False)
+    first, chunk = gpu.alloc(1_800_000)
+    assert chunk == bfc_round(1_800_000) and gpu.regions == 1 and gpu.reserved == 1 << 30
+    second = gpu.alloc(1 << 20)[0]
+    gpu.release(first)
+    assert gpu.alloc(1_000_000)[1] == bfc_round(1_800_000)  # best fit: the 1.8 MB hole, under twice the request
+    gpu.release(second)
+    assert gpu.regions == 1 and not gpu.oom
+
+
+def test_a_request_over_the_limit_is_an_oom_the_replay_counts_past() -> None:
+    gpu = BFCAllocator(4 << 20, growth=False)
+    assert gpu.alloc(3 << 20)[1] == 4 << 20  # the whole region: under twice the request
+    assert not gpu.oom
+    gpu.alloc(2 << 20)  # nothing left under the limit: TensorFlow's Extend fails
+    assert gpu.oom and gpu.in_use == 6 << 20
+
+
+def test_growth_regions_double_and_stop_at_the_limit() -> None:
+    """allow_growth: 2 MiB, then 4 MiB, ... each region no larger than the memory left under the limit."""
+    grow = BFCAllocator(7 << 20)
+    grow.alloc(2 << 20)
+    grow.alloc(2 << 20)  # a second region of 4 MiB
+    assert grow.reserved == 6 << 20
+    grow.alloc(1 << 20)  # the 4 MiB region has 2 MiB left: no new region
+    grow.alloc(1 << 20)
+    grow.alloc(1 << 20)  # 1 MiB left under the 7 MiB limit: an 8 MiB region is cut to it
+    assert grow.reserved == 7 << 20 and grow.regions == 3 and not grow.oom
+
+
+def test_a_gpu_allocator_needs_its_limit() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="memory limit"):
+        BFCAllocator(growth=False)

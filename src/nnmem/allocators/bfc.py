@@ -51,7 +51,16 @@ class BFCAllocator:
     handed out and counts as in use. Freed
     chunks merge with free neighbours of the same region (``FreeAndMaybeCoalesce``). With no fitting chunk a
     region is added (``Extend``): ``curr_region_allocation_bytes_``, 2 MiB at first with ``allow_growth``,
-    doubled until the request fits, and doubled after each extension that did not need doubling.
+    doubled until the request fits, and doubled after each extension that did not need doubling, and never more
+    than the memory left under the allocator's ``limit``. Without ``allow_growth`` (``growth=False``, a GPU's
+    default) the first region is the whole ``limit`` (the constructor's ``curr_region_allocation_bytes_ =
+    RoundedBytes(total_memory)``), allocated at the first request. A request that fits nowhere under the limit
+    is an OOM in TensorFlow; the replay records it (:attr:`oom`) and adds a region of the request's size so that
+    the bytes the step would need can still be counted.
+
+    Args:
+        limit: the allocator's ``memory_limit`` in bytes (None: no limit, the CPU allocator's case).
+        growth: ``allow_growth``: regions from 2 MiB, doubling; False: one region of ``limit``.
 
     Example:
         >>> bfc = BFCAllocator()
@@ -59,13 +68,35 @@ class BFCAllocator:
         2097152
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None, *, growth: bool = True) -> None:
+        if not growth and limit is None:
+            raise ValueError("a BFC allocator without allow_growth needs its memory limit")
         self.chunks: dict[int, list[int]] = {}  # addr -> [size, in_use, region]
         self.ends: dict[int, int] = {}  # end addr -> addr
         self.free: list[tuple[int, int]] = []  # (size, addr), sorted
-        self.region = BFC_FIRST_REGION
+        first = BFC_FIRST_REGION if limit is None else min(BFC_FIRST_REGION, limit)
+        self.region = bfc_round(first if growth or limit is None else limit)
+        self.limit = limit
         self.regions = 0
+        self.reserved = 0  # bytes of all regions
         self.in_use = 0
+        self.oom = False  # a request found no room under the limit
+
+    def _extend(self, want: int) -> None:
+        """``BFCAllocator::Extend``: add a region that serves ``want`` bytes."""
+        available = None if self.limit is None else self.limit - self.reserved
+        grew = False
+        while want > self.region:
+            self.region *= 2
+            grew = True
+        size = self.region if available is None else min(self.region, available)
+        if size < want:  # TensorFlow reports an OOM here; the replay goes on in a region of the request's size
+            self.oom, size = True, want
+        self.regions += 1
+        self.reserved += size
+        self._add_free(self.regions << 44, size, self.regions)
+        if not grew:
+            self.region *= 2
 
     def _add_free(self, addr: int, size: int, region: int) -> None:
         self.chunks[addr] = [size, 0, region]
@@ -83,14 +114,7 @@ class BFCAllocator:
         want = max(BFC_MIN_ALLOCATION, bfc_round(nbytes))
         at = bisect_left(self.free, (want, -1))
         if at == len(self.free):
-            grew = False
-            while want > self.region:
-                self.region *= 2
-                grew = True
-            self.regions += 1
-            self._add_free(self.regions << 44, self.region, self.regions)
-            if not grew:
-                self.region *= 2
+            self._extend(want)
             at = bisect_left(self.free, (want, -1))
         size, addr = self.free[at]
         size, region = self._take_free(addr)
@@ -119,7 +143,8 @@ class BFCAllocator:
 
 def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc_at: list[int],
                         free_at: list[int], workspace: list[int],
-                        adopted: Sequence[tuple[int, int, int]] = ()) -> tuple[list[int], list[int], list[int]]:
+                        adopted: Sequence[tuple[int, int, int]] = (), *,
+                        bfc: BFCAllocator | None = None) -> tuple[list[int], list[int], list[int]]:
     """The chunk each resident block, each step block and each op's scratch gets in a steady-state step, in bytes.
 
     Args:
@@ -134,13 +159,14 @@ def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc
             resident block's chunk is freed at that op and the step block's chunk stays, as the variable's,
             through the next steps (a BatchNorm's moving statistics, a metric's total: they move every step
             and split the free space the next step's buffers are fitted into).
+        bfc: the allocator to replay in, fresh (None: a CPU's, growing from 2 MiB without a limit).
 
     Returns:
         (chunk bytes of each resident block, of each step block and of each op's scratch (0: none) in the last
         of :data:`BFC_STEPS`): a scratch request under half a free chunk's size gets the whole chunk (a 21.4 MB
         im2col buffer took a 32 MiB chunk), and the allocator's in-use bytes count the chunk.
     """
-    bfc = BFCAllocator()
+    bfc = BFCAllocator() if bfc is None else bfc
     kept: list[int] = []
     where: list[int] = []
     for nbytes, temporaries in resident:
