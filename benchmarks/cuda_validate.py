@@ -1,6 +1,8 @@
 """CUDA allocator validation: measured vs predicted allocated / reserved peaks for the zoo, on a real GPU.
 
 Run on a machine with a CUDA GPU:  python benchmarks/cuda_validate.py [--models mlp,vgg] [--json out.json]
+Keras on each backend (torch, jax, tensorflow; ``cuda_validate_keras.py``):
+                                   python benchmarks/cuda_validate.py --keras [--models keras_mlp,...]
 
 For each zoo model × (Adam train step, inference) it
   * predicts the step for the GPU with ``nnmem.estimate(name, device="cuda")`` (traced without a GPU:
@@ -18,6 +20,7 @@ printed on a lent GPU are committed in ``benchmarks/results/`` with the command 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import sys
 
@@ -60,11 +63,27 @@ def measure_cuda(name: str, batch: int, mode: str, optimizer: str) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = zoo_parser(__doc__)
+    parser.add_argument("--keras", action="store_true",
+                        help="validate the Keras zoo on each backend instead (each case in its own process)")
     args = parser.parse_args(argv)
     import torch
 
+    no_gpu = "no CUDA device on this machine: nothing to validate (the CUDA figures stay predicted only)"
+    if args.keras:  # a backend with its own GPU build may see the GPU where this torch does not
+        if not torch.cuda.is_available() and shutil.which("nvidia-smi") is None:
+            print(no_gpu)
+            return 0
+        import cuda_validate_keras
+
+        models = (args.models.split(",") if "--models" in (argv if argv is not None else sys.argv)
+                  else list(cuda_validate_keras.MODELS))
+        keras_rows = cuda_validate_keras.validate(models, args.batch)
+        if args.json_path:
+            with open(args.json_path, "w") as fh:
+                json.dump({"rows": keras_rows}, fh, indent=2)
+        return 0
     if not torch.cuda.is_available():
-        print("no CUDA device on this machine: nothing to validate (the CUDA figures stay predicted only)")
+        print(no_gpu)
         return 0
     print(f"GPU: {torch.cuda.get_device_name()} · torch {torch.__version__} · batch {args.batch}")
     header = (f"{'model':20s} {'mode':5s} {'pred alloc':>13s} {'meas alloc':>13s} {'err':>8s}"

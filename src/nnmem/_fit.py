@@ -23,19 +23,29 @@ CURVE_BATCHES = (2, 4)
 Progress = Callable[[str], None]
 
 
-def _budget(budget: Any, device: str) -> tuple[int, str]:
-    """The budget in bytes and the level that decides an OOM on ``device`` (budget None: the device's usable
-    memory)."""
+def _budget(budget: Any, device: str, request: StepRequest | None = None) -> tuple[int, str]:
+    """The budget in bytes and the level that decides an OOM on ``device`` (budget None: the memory the
+    request's framework may use on the device: its frontend's ``device_budget`` where it has one, else the
+    device's usable memory)."""
     from nnmem.cuda import cuda_target
 
-    level = "reserved" if cuda_target(device) is not None else "allocator"
+    own = getattr(resolve(request.model), "device_budget", None) if request is not None else None
+    found = own(request) if own is not None else None
+    level = found[1] if found is not None else "reserved" if cuda_target(device) is not None else "allocator"
     if budget is None:
         if device.lower() == "cpu":
             raise ConfigError("expected a budget (e.g. budget='16GiB') for device 'cpu', or a catalog --device")
+        if found is not None:
+            return found[0], level
         from nnmem.devices import get_device
 
         return get_device(device).usable_bytes, level
     return parse_size(budget), level
+
+
+def _device_notes(request: StepRequest | None) -> tuple[str, ...]:
+    """What an answer on the request's device rests on, from its frontend (a GPU's figures are modelled)."""
+    return () if request is None else tuple(resolve(request.model).device_notes(request))
 
 
 def _tracer(request: StepRequest) -> tuple[Frontend, Callable[[int], Trace]]:
@@ -88,7 +98,7 @@ def max_batch(model: Any, inputs: Any = None, *, budget: Any = None, device: str
                            device=device, input_shape=input_shape, accumulate=accumulate,
                            optimizer_in_backward=optimizer_in_backward, precision=precision,
                            set_to_none=set_to_none)
-    return _search(request, *_budget(budget, device), upper=upper, progress=progress)
+    return _search(request, *_budget(budget, device, request), upper=upper, progress=progress)
 
 
 def _search(request: StepRequest, budget_bytes: int, level: str, *, upper: int | None = None,
@@ -106,13 +116,14 @@ def fit(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cp
 
     Takes the arguments of :func:`max_batch`; returns each mode's answer and the level it was searched at.
     """
-    budget_bytes, level = _budget(budget, device)
     requests = [step_request(model, inputs, mode=mode, optimizer=optimizer, loss_fn=loss_fn, target=target,
                              device=device, input_shape=input_shape) for mode in modes]
+    budget_bytes, level = _budget(budget, device, requests[0] if requests else None)
     results = tuple((r.mode, _search(r, budget_bytes, level, progress=progress)) for r in requests)
     optimizer_name = optimizer if isinstance(optimizer, str) or optimizer is None else type(optimizer).__name__
     return Fits(model=requests[0].name if requests else str(model), device=device, level=level,
-                optimizer=optimizer_name, results=results)
+                optimizer=optimizer_name, results=results, budget_bytes=budget_bytes,
+                notes=_device_notes(requests[0] if requests else None))
 
 
 def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str = "cpu", optimizer: Any = None,
@@ -128,7 +139,10 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
             the per-sample bytes is the peak there.
         budget: optional; with it (or a catalog device) both max batches are searched.
     """
-    budget_bytes = _budget(budget, device)[0] if budget is not None or device.lower() != "cpu" else None
+    first = step_request(model, inputs, optimizer=optimizer, loss_fn=loss_fn, target=target, device=device,
+                         batch=batch, input_shape=input_shape)
+    budget_bytes, level = _budget(budget, device, first) if budget is not None or device.lower() != "cpu" \
+        else (None, "allocator")
     figures = {}
     saved: dict[str, int] = {}
     gradient_bytes, labelled = 0, True
@@ -153,7 +167,7 @@ def explain(model: Any, inputs: Any = None, *, budget: Any = None, device: str =
             labelled = any(b.category is Category.GRADIENTS for b in trace_at(b1).blocks)
     ordered = tuple(sorted(saved.items(), key=lambda item: -item[1]))
     return Explanation(figures["train"], figures["infer"], gradient_bytes, ordered, budget_bytes,
-                       model=request.name, gradients_labelled=labelled)
+                       model=request.name, gradients_labelled=labelled, notes=_device_notes(first), level=level)
 
 
 def _saved_per_sample(first: Trace, second: Trace, step: int, device: str, saved: dict[str, int]) -> int:
@@ -184,9 +198,9 @@ def micro_batches(model: Any, inputs: Any = None, *, batch: int, budget: Any = N
     """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
         raise ConfigError(f"expected the effective batch as a positive integer. Received: {batch!r}")
-    budget_bytes, level = _budget(budget, device)
     kwargs: dict[str, Any] = {"mode": "train", "optimizer": optimizer, "loss_fn": loss_fn, "target": target,
                               "device": device, "input_shape": input_shape}
+    budget_bytes, level = _budget(budget, device, step_request(model, inputs, **kwargs))
     plain = _search(step_request(model, inputs, **kwargs), budget_bytes, level, progress=progress)
     if plain.batch >= batch:
         return Accumulation(batch, 1, batch, _search_peak(model, inputs, batch, 1, kwargs, level), budget_bytes,

@@ -305,11 +305,13 @@ def _progress(as_json: bool = False, total: int | None = None) -> Iterator[Calla
         yield say
 
 
-def _budget_label(budget: int | None, device: str) -> str:
+def _budget_label(budget: int | None, device: str, usable: int | None = None) -> str:
+    """The --budget, or the device with the bytes its framework may use there (``usable``: the search's own,
+    e.g. TensorFlow's GPU memory limit; default the catalog's usable memory)."""
     if budget is not None:
         return nnmem.format_bytes(budget)
     dev = nnmem.get_device(device)
-    return f"{dev.name} (usable {nnmem.format_bytes(dev.usable_bytes)})"
+    return f"{dev.name} (usable {nnmem.format_bytes(dev.usable_bytes if usable is None else usable)})"
 
 
 def _fit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -369,8 +371,8 @@ def fit(model: str, budget: int | None, device: str, input_shape: tuple[tuple[in
     if as_json:
         click.echo(json.dumps(fits.to_dict(), indent=2))
     else:
-        click.echo(render_fits(list(fits.results), budget_label=_budget_label(budget, device), level=fits.level,
-                               width=_width()), nl=False)
+        click.echo(render_fits(list(fits.results), budget_label=_budget_label(budget, device, fits.budget_bytes),
+                               level=fits.level, width=_width(), notes=fits.notes), nl=False)
     _save_charts(fits, html_path, png_dir)
 
 

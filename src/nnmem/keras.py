@@ -23,7 +23,7 @@ import numpy as np
 
 from nnmem._api import estimate
 from nnmem.errors import BudgetError, ConfigError
-from nnmem.frontends.keras.data import example_data
+from nnmem.frontends.keras.data import batch_zeros, example_data
 from nnmem.report.model import Report
 from nnmem.units import format_bytes, parse_size
 
@@ -114,7 +114,7 @@ def _data(model: Any, batch_size: int, mode: str, x: Any, y: Any) -> tuple[Any, 
 def _rebatch(value: Any, batch: int) -> Any:
     if value is None:
         return None
-    return keras.tree.map_structure(lambda a: np.zeros((batch, *np.shape(a)[1:]), dtype=np.asarray(a).dtype), value)
+    return keras.tree.map_structure(lambda a: batch_zeros((batch, *np.shape(a)[1:]), np.asarray(a).dtype), value)
 
 
 def summary(model: Any, batch_size: int = 32, mode: str = "both", *, x: Any = None, y: Any = None,
@@ -175,7 +175,9 @@ class MemoryCheck(keras.callbacks.Callback):
     """Check at the start of ``fit`` that one training step fits a memory budget; log estimate vs measured.
 
     At ``on_train_begin`` the step is estimated at ``batch_size`` (Keras does not tell callbacks the batch
-    size, so give it, unless the model's input declares a fixed batch). Then:
+    size, so give it, unless the model's input declares a fixed batch) on ``device``: "cpu" (the budget defaults
+    to 16 GiB) or a catalog GPU (``device="T4"``: modelled, and the budget defaults to what this backend's
+    allocator may use there, e.g. TensorFlow's memory limit). Then:
     - peak ≤ ``warn_at`` × budget: passes (one log line);
     - up to the budget: warns (a ``ResourceWarning`` and a log line);
     - over the budget: raises :class:`nnmem.BudgetError` before the first batch (``on_exceed="stop"``), or only
@@ -183,7 +185,7 @@ class MemoryCheck(keras.callbacks.Callback):
     After the first batch it logs the measured peak next to the estimate where the backend exposes one:
     TensorFlow's BFC allocator peak (when ``TF_CPU_ALLOCATOR_USE_BFC=true`` was set before TensorFlow was
     imported) and, on the torch backend, the profiler's allocator events over that batch. The JAX CPU client
-    exposes no peak; the log says so.
+    exposes no peak; the log says so. With a GPU ``device`` nothing is measured (the run is not on that GPU).
 
     Attributes:
         estimate: the Report of the estimated step (after ``on_train_begin``).
@@ -191,11 +193,12 @@ class MemoryCheck(keras.callbacks.Callback):
         status: "fits", "warn" or "exceeds".
     """
 
-    def __init__(self, budget: Any = "16GiB", *, batch_size: int | None = None, on_exceed: str = "stop",
+    def __init__(self, budget: Any = None, *, batch_size: int | None = None, on_exceed: str = "stop",
                  warn_at: float = 0.9, x: Any = None, y: Any = None, verbose: int = 1,
-                 print_fn: Callable[[str], Any] | None = None) -> None:
+                 print_fn: Callable[[str], Any] | None = None, device: str = "cpu") -> None:
         super().__init__()
-        self.budget = parse_size(budget)
+        self.device = device
+        self.budget = parse_size(budget) if budget is not None else _device_budget(device)
         if on_exceed not in ("stop", "warn"):
             raise ConfigError(f"expected on_exceed='stop' or 'warn'. Received: {on_exceed!r}")
         if not 0 < warn_at <= 1:
@@ -227,7 +230,7 @@ class MemoryCheck(keras.callbacks.Callback):
     def on_train_begin(self, logs: Any = None) -> None:
         batch = self._batch()
         x, y = _data(self.model, batch, "train", self._x, self._y)
-        report = estimate(self.model, x, target=y, mode="train", batch=batch)
+        report = estimate(self.model, x, target=y, mode="train", batch=batch, device=self.device)
         self.estimate = report
         peak, budget = report.peak_bytes, self.budget
         share = f"{format_bytes(peak)} of {format_bytes(budget)} ({100 * peak / budget:.0f}%)"
@@ -250,6 +253,8 @@ class MemoryCheck(keras.callbacks.Callback):
             self._log(f"a training step at batch size {batch} fits: estimated {share}")
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self.device.strip().lower() != "cpu":  # the estimate is for another device than this run's CPU
+            return
         if batch == 0 and self.estimate is not None and self.measured_peak is None:
             self._probe = _PeakProbe.start(self.model)
 
@@ -266,6 +271,19 @@ class MemoryCheck(keras.callbacks.Callback):
         self._log(f"first batch: estimated {format_bytes(self.estimate.peak_bytes)}, measured "
                   f"{format_bytes(self.measured_peak)} ({how}), error {100 * error:+.1f}% "
                   "(the first batch also builds what later steps reuse)")
+
+
+def _device_budget(device: str) -> int:
+    """16 GiB on the CPU; on a catalog GPU, what this backend's allocator may use there."""
+    if device.strip().lower() == "cpu":
+        return parse_size("16GiB")
+    from nnmem.frontends.keras.gpu import keras_gpu
+
+    gpu = keras_gpu(device, str(keras.backend.backend()))
+    if gpu is None or gpu.limit is None:
+        raise ConfigError(f"expected budget= for device {device!r}: its memory is unknown (name a catalog GPU, "
+                          "see `nnmem devices`)")
+    return gpu.limit
 
 
 class _PeakProbe:

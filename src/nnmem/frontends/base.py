@@ -86,6 +86,9 @@ class Frontend(Protocol):
     def peak_of(self, request: StepRequest) -> Callable[[Trace], int] | None:
         """The peak that decides an OOM on ``request.device`` when it is not the trace's allocator level."""
 
+    def device_notes(self, request: StepRequest) -> tuple[str, ...]:
+        """What answers on ``request.device`` rest on (a GPU's figures modelled, not measured); () on the CPU."""
+
     def measure(self, request: StepRequest, *, timeout_s: float | None) -> Report:
         """The real step, run in a fresh child process."""
 

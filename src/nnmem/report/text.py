@@ -319,13 +319,15 @@ def render_examples(examples: Iterable[tuple[str, str]], *, width: int = 120) ->
     return _render("built-in example models (use the name as MODEL)", table, width=width)
 
 
-def render_fits(fits: Iterable[tuple[str, FitResult]], *, budget_label: str, level: str, width: int = 120) -> str:
+def render_fits(fits: Iterable[tuple[str, FitResult]], *, budget_label: str, level: str, width: int = 120,
+                notes: Iterable[str] = ()) -> str:
     """The largest batch per mode, side by side: batch, peak there, the next batch's peak, headroom.
 
     Args:
         fits: (mode, result) pairs, e.g. training then inference.
         budget_label: what the budget is, e.g. "16.00 GiB" or "A100-80GB (usable 79.21 GiB)".
         level: the memory level the budget is compared with.
+        notes: what the answer rests on, each printed as a note.
     """
     fits = list(fits)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
@@ -348,6 +350,7 @@ def render_fits(fits: Iterable[tuple[str, FitResult]], *, budget_label: str, lev
     ratio = batch_ratio(train, infer)
     if ratio is not None:
         lines.append(f"inference fits {ratio:.1f}× the batch of training (`nnmem explain` says why)")
+    lines += [f"note: {note}" for note in notes]
     lines.append(IEC_NOTE)
     return _render(*lines, width=width)
 
@@ -393,7 +396,7 @@ def _gradients_at_peak(exp: Explanation) -> str:
             "layer from the output back, and the layers it has not reached yet have none yet.")
 
 
-def _holds(name: str, figures: ModeFigures) -> str:
+def _holds(name: str, figures: ModeFigures, level: str = "allocator") -> str:
     """One mode's peak as fixed bytes plus bytes per sample, each split by category (the parts add up)."""
     where = f"At batch {figures.at_batch:,}, {name}'s peak" if figures.at_batch else f"At its peak, {name}"
     text = (f"{where} holds {format_bytes(figures.fixed_bytes)} whatever the batch "
@@ -402,7 +405,11 @@ def _holds(name: str, figures: ModeFigures) -> str:
     fit = figures.fit
     if figures.at_batch and fit is not None and fit.batch == figures.at_batch:
         told = figures.fixed_bytes + figures.at_batch * figures.per_sample_bytes
-        if fit.peak_bytes > told * 1.005:  # TensorFlow: the search holds the range's high end to the budget
+        if fit.peak_bytes > told * 1.005 and level == "reserved":  # CUDA: whole segments decide the OOM
+            text += (f" The search holds the budget to {format_bytes(fit.peak_bytes)} there, the caching "
+                     f"allocator's reserved segments, {format_bytes(fit.peak_bytes - told)} above the bytes these "
+                     "figures describe.")
+        elif fit.peak_bytes > told * 1.005:  # TensorFlow: the search holds the range's high end to the budget
             text += (f" The search holds the budget to {format_bytes(fit.peak_bytes)} there, the highest peak over "
                      f"the op orders the executor may run, {format_bytes(fit.peak_bytes - told)} above the order "
                      "these figures describe.")
@@ -413,8 +420,8 @@ def render_explanation(exp: Explanation, *, model: str, width: int = 120) -> str
     """Training next to inference in plain sentences with the model's own figures."""
     train, infer = exp.train, exp.infer
     lines = [f"why training and inference of {model} fit different batch sizes", ""]
-    lines.append(_holds("training", train))
-    lines.append(_holds("inference", infer))
+    lines.append(_holds("training", train, exp.level))
+    lines.append(_holds("inference", infer, exp.level))
     lines.append(f"A training sample costs {exp.per_sample_ratio:.1f}× an inference sample.")
     lines.append("")
     lines.append(f"The gradients take {format_bytes(exp.gradient_bytes)} in all: the size of the trainable "
@@ -440,6 +447,7 @@ def render_explanation(exp: Explanation, *, model: str, width: int = 120) -> str
         lines_r.append(f"Within {format_bytes(exp.budget_bytes)}: training fits batch {_fit_batch(train.fit)}, "
                        f"inference batch {_fit_batch(infer.fit)}"
                        + (f" — {ratio:.1f}× more." if ratio is not None else "."))
+    lines_r += [f"note: {note}" for note in exp.notes]
     lines_r.append(IEC_NOTE)
     return _render(*lines_r, width=width)
 

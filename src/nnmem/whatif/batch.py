@@ -122,6 +122,8 @@ class Fits:
         level: the level the peaks were compared at ("allocator" on the CPU, "reserved" on CUDA).
         optimizer: the optimizer asked for (None: the framework's default or the compiled one).
         results: (mode, answer) in the order asked.
+        budget_bytes: the bytes searched against (the budget, or what the framework may use on the device).
+        notes: what the answer rests on (a GPU's figures modelled, not measured).
     """
 
     model: str
@@ -129,6 +131,8 @@ class Fits:
     level: str
     optimizer: str | None
     results: tuple[tuple[str, FitResult], ...]
+    budget_bytes: int | None = None
+    notes: tuple[str, ...] = ()
 
     def __getitem__(self, mode: str) -> FitResult:
         return dict(self.results)[mode]
@@ -146,6 +150,7 @@ class Fits:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the search's terms, then one entry per mode."""
         return {"model": self.model, "device": self.device, "level": self.level, "optimizer": self.optimizer,
+                "budget_bytes": self.budget_bytes, "notes": list(self.notes),
                 **{mode: result.to_dict() for mode, result in self.results}}
 
 

@@ -67,6 +67,8 @@ class Explanation:
         model: the model's name.
         gradients_labelled: the trace tells gradients from other buffers (not on JAX, where XLA's buffers of the
             compiled step carry no such label: its gradients are among its temporaries).
+        notes: what the figures rest on (a GPU's figures modelled, not measured).
+        level: the level the fits were searched at ("reserved": PyTorch's caching allocator on a GPU).
     """
 
     train: ModeFigures
@@ -76,6 +78,8 @@ class Explanation:
     budget_bytes: int | None
     model: str = ""
     gradients_labelled: bool = True
+    notes: tuple[str, ...] = ()
+    level: str = "allocator"
 
     def __repr__(self) -> str:
         return (f"Explanation({self.model}: train {self.train.fixed_bytes:,} B + {self.train.per_sample_bytes:,} B "
@@ -105,7 +109,7 @@ class Explanation:
                 "per_sample_ratio": self.per_sample_ratio if math.isfinite(self.per_sample_ratio) else None,
                 "batch_ratio": ratio if ratio is None or math.isfinite(ratio) else None,
                 "budget_bytes": self.budget_bytes, "saved_per_sample": dict(self.saved_per_sample),
-                "gradients_labelled": self.gradients_labelled}
+                "gradients_labelled": self.gradients_labelled, "notes": list(self.notes)}
 
 
 def deciding_op(curve: BatchCurve, batch: int | None) -> int:

@@ -2,7 +2,8 @@
 
 Keras picks its backend once per process (``KERAS_BACKEND``); each backend package has ``trace.py``
 (``trace_step(step, meta=...) -> Trace``) and ``measure.py`` (``measure_step(step, name=..., meta=...)``).
-Estimates and measurements are CPU steps at the allocator level.
+Estimates and measurements are CPU steps at the allocator level; an estimate for a CUDA GPU replays the traced
+step through that backend's GPU allocator (:mod:`.gpu`), modelled, not measured.
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ import importlib
 import math
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import keras
 import numpy as np
 
-from nnmem import cpu
+from nnmem import cpu, cuda
 from nnmem.errors import ConfigError, UnsupportedError
 from nnmem.frontends.base import StepRequest
 from nnmem.frontends.keras.common import KerasStep, is_keras_model, optimizer_label, prepare
-from nnmem.frontends.keras.data import rebatch, step_data, unpack
+from nnmem.frontends.keras.data import materialize, rebatch, step_data, unpack
+from nnmem.frontends.keras.gpu import KerasGpu, keras_gpu
 from nnmem.frontends.keras.transport import load_file, model_payload
 from nnmem.loader import build, resolve_factory
 from nnmem.report.model import Report, report_from_trace
@@ -74,10 +77,38 @@ def _meta(step: KerasStep, batch: int | None) -> dict[str, object]:
     return meta
 
 
-def _check_device(device: str) -> None:
-    if device.strip().lower() != "cpu":
-        raise UnsupportedError(f"Keras steps are estimated for device 'cpu' only in this version "
-                               f"(received {device!r}); the CUDA allocator model covers PyTorch models")
+def _gpu(request: StepRequest) -> KerasGpu | None:
+    """The GPU the request is estimated for, as this process's backend sees it (None: the CPU)."""
+    return keras_gpu(request.device, str(keras.backend.backend()))
+
+
+def _trace(step: KerasStep, meta: dict[str, object], gpu: KerasGpu | None, **options: Any) -> Trace:
+    """The step traced on this process's backend, as ``gpu`` runs it (None: this CPU).
+
+    On a GPU: torch's trace without the CPU kernels' scratch; JAX's buffers as its GPU client allocates them;
+    TensorFlow's step compiled with XLA as Keras runs it there (:mod:`.tensorflow.xla`), or the graph executor's
+    replayed through the GPU BFC allocator (``options``: the trace module's, e.g. TensorFlow's ``quick_range``).
+    """
+    if gpu is None or gpu.backend == "torch":
+        trace = backend_module("trace").trace_step(step, meta=meta, **options)
+        return trace if gpu is None else cuda.without_workspace(trace)
+    if gpu.backend == "jax":
+        return backend_module("trace").trace_step(step, meta=meta, gpu=gpu.target.compute_capability, **options)
+    from nnmem.frontends.keras.tensorflow import xla
+
+    if gpu.xla and xla.supports_xla(step.model):
+        return xla.trace_step(step, meta=meta, gpu=gpu.target.compute_capability)
+    trace = backend_module("trace").trace_step(step, meta=meta, gpu=gpu.bfc, **options)
+    if gpu.xla:  # Keras falls back to the graph executor for this model
+        trace.meta["gpu_step"] = ("a layer of this model does not support XLA (supports_jit=False), so Keras runs "
+                                  "the graph executor's step on a GPU too: estimated so")
+    return trace
+
+
+def _torch_cuda_peaks(trace: Trace, gpu: KerasGpu) -> dict[str, int]:
+    from nnmem.frontends.pytorch.frontend import cuda_level_peaks
+
+    return cuda_level_peaks(trace, gpu.target)
 
 
 def _step(request: StepRequest, batch: int) -> tuple[KerasStep, Any, tuple[str, ...]]:
@@ -99,7 +130,7 @@ class KerasFrontend:
     name = "keras"
 
     def load(self, request: StepRequest) -> StepRequest:
-        _check_device(request.device)
+        _gpu(request)  # an unknown device or a non-CUDA accelerator fails here, with the reason
         if request.accumulate > 1 or request.checkpoint is not None or request.optimizer_in_backward:
             raise UnsupportedError("gradient accumulation, checkpoint plans and the optimizer in backward are "
                                    "estimated for PyTorch models so far, not for Keras ones")
@@ -115,13 +146,34 @@ class KerasFrontend:
 
     def estimate(self, request: StepRequest) -> Report:
         request = self.load(request)
+        gpu = _gpu(request)
         step, _, notes = _step(request, request.batch or 1)
-        trace = backend_module("trace").trace_step(step, meta=_meta(step, request.batch))
-        if trace.meta.get("unmodelled"):  # kernel paths this CPU takes that no rule models
+        trace = _trace(step, _meta(step, request.batch), gpu)
+        if trace.meta.get("unmodelled") and gpu is None:  # kernel paths this CPU takes that no rule models
             notes = (*str(trace.meta["unmodelled"]).splitlines(), *notes)
-        if trace.framework == "keras-tensorflow":
+        if trace.meta.get("gpu_step"):  # a GPU step other than the default's
+            notes = (str(trace.meta["gpu_step"]), *notes)
+        if trace.framework == "keras-tensorflow" and "xla.temp_bytes" not in trace.meta:
             notes = (*notes, *((_TF_LOOP_NOTE,) if trace.meta.get("while_loops") else ()), *_TF_NOTES)
-        return report_from_trace(trace, source="estimate", model=request.name, device="cpu", notes=notes)
+            notes = (*notes, str(trace.meta["grappler_skipped"])) if trace.meta.get("grappler_skipped") else notes
+        if gpu is None:
+            return report_from_trace(trace, source="estimate", model=request.name, device="cpu", notes=notes)
+        overrides = _torch_cuda_peaks(trace, gpu) if gpu.backend == "torch" else None
+        return report_from_trace(trace, source="estimate", model=request.name, device=gpu.name, level=gpu.level,
+                                 overrides=overrides, notes=(*notes, *gpu.notes()))
+
+    def device_notes(self, request: StepRequest) -> tuple[str, ...]:
+        """What figures on the request's GPU rest on (modelled, the backend's allocator and its limit)."""
+        gpu = _gpu(request)
+        return () if gpu is None else gpu.notes()
+
+    def device_budget(self, request: StepRequest) -> tuple[int, str] | None:
+        """The bytes the backend's allocator may use on the request's catalog GPU and the level that decides an
+        OOM there; None on the CPU or a bare "cuda" (unknown memory)."""
+        gpu = _gpu(request)
+        if gpu is None or gpu.limit is None:
+            return None
+        return gpu.limit, gpu.level
 
     def tracer(self, request: StepRequest) -> Callable[[int], Trace]:
         """The model is built once (a spec's factory at batch 1); inputs and target are rebatched as zeros.
@@ -132,22 +184,25 @@ class KerasFrontend:
         buffers at once).
         """
         request = self.load(request)
+        gpu = _gpu(request)
         first, loss_fn, _ = _step(request, 1)
-        trace_module = backend_module("trace")
         options = {"quick_range": True} if keras.backend.backend() == "tensorflow" else {}
 
         def trace_at(batch: int) -> Trace:
             step = prepare(first.model, rebatch(first.x, batch), rebatch(first.y, batch), mode=request.mode,
                            optimizer=request.optimizer, loss=loss_fn)
             meta = {**_meta(step, batch), "batch": batch}
-            return trace_module.trace_step(step, meta=meta, **options)  # type: ignore[no-any-return]
+            return _trace(step, meta, gpu, **options)
 
         return trace_at
 
     def peak_of(self, request: StepRequest) -> Callable[[Trace], int] | None:
         """On TensorFlow, the higher of the sequential peak and the quick range's high end (what a plain step
-        can reach decides an OOM); elsewhere None (the trace's allocator level)."""
-        _check_device(request.device)
+        can reach decides an OOM); on torch with a GPU, the caching allocator's reserved peak; elsewhere None (the
+        trace's allocator level)."""
+        gpu = _gpu(request)
+        if gpu is not None and gpu.backend == "torch":
+            return lambda trace: int(_torch_cuda_peaks(trace, gpu)["reserved"])
         if keras.backend.backend() != "tensorflow":
             return None
 
@@ -164,12 +219,16 @@ class KerasFrontend:
         from nnmem.runner.child import run_in_child
 
         request = self.load(request)
+        if _gpu(request) is not None:
+            raise UnsupportedError(f"nnmem measure runs Keras steps on this machine's CPU; device {request.device!r} "
+                                   "is estimated only (on a GPU machine, benchmarks/cuda_validate.py --keras "
+                                   "measures the Keras steps there)")
         backend = str(keras.backend.backend())
         spec = request.model if isinstance(request.model, str) else None
         if spec is None:
             x, y, _ = step_data(request.model, request.inputs, request.target, request.input_shape, request.batch,
                                 request.mode)
-            request = request.with_(inputs=x, target=y, input_shape=None)
+            request = request.with_(inputs=materialize(x), target=materialize(y), input_shape=None)
         payload = model_payload(request.model) if spec is None else None
         light = request.with_(model=spec)
         tf_schedule = os.environ.get("NNMEM_TF_MEASURE", "")  # the TensorFlow measurement's schedule option
@@ -190,6 +249,7 @@ class KerasFrontend:
                 measure_module.sequential_runtime()
             real = light if payload is None else light.with_(model=model_from_payload(payload))
             step, _, _ = here._step(real, real.batch or 1)
+            step = replace(step, x=materialize(step.x), y=materialize(step.y))  # the step runs: real arrays
             return measure_module.measure_step(step, name=real.name, meta=here._meta(step, real.batch)).to_dict()
 
         preload = None

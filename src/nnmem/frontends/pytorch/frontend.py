@@ -210,6 +210,10 @@ class PyTorchFrontend:
 
         return trace_at
 
+    def device_notes(self, request: StepRequest) -> tuple[str, ...]:
+        """On a CUDA device: its figures are modelled, not measured."""
+        return (cuda.NOT_VALIDATED,) if cuda.cuda_target(request.device) is not None else ()
+
     def peak_of(self, request: StepRequest) -> Callable[[Trace], int] | None:
         target_cuda = cuda.cuda_target(request.device)
         if target_cuda is None:

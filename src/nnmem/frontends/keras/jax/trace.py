@@ -11,11 +11,13 @@ reuse a donated buffer, XLA's temporaries, and the scratch of :mod:`.scratch` re
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import jax
 import keras
 
+from nnmem.allocators.bfc import bfc_round
 from nnmem.errors import TraceError, UnsupportedError
 from nnmem.frontends.keras.common import (
     KerasStep,
@@ -26,10 +28,10 @@ from nnmem.frontends.keras.common import (
     resident_variables,
 )
 from nnmem.frontends.keras.jax import hlo
-from nnmem.frontends.keras.jax.scratch import fusion_workspace, runtime_bookkeeping
+from nnmem.frontends.keras.jax.scratch import Workspace, fusion_workspace, runtime_bookkeeping
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
-__all__ = ["trace_step", "backend_meta", "state_variables", "step_data", "variable_blocks"]
+__all__ = ["trace_step", "gemm_workspace", "backend_meta", "state_variables", "step_data", "variable_blocks"]
 
 
 def _struct(a: Any) -> jax.ShapeDtypeStruct:
@@ -97,7 +99,7 @@ def _compiled(step: KerasStep) -> Any:
     return lowered.compile()
 
 
-def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
+def trace_step(step: KerasStep, *, meta: dict[str, object], gpu: tuple[int, int] | None = None) -> Trace:
     """Estimate the step from the buffer assignment of its compiled XLA executable.
 
     Nothing batch-sized is allocated: the executable is compiled from shape structs.
@@ -105,6 +107,10 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     Args:
         step: the prepared step.
         meta: facts for the report (batch, ...); JAX and Keras versions and the optimizer are added.
+        gpu: the compute capability of a GPU the step is estimated for (None: this CPU). On a GPU every buffer
+            comes from the client's BFC allocator (rounded to 256 B), the CPU kernels' scratch is left out and
+            XLA's temporaries gain the largest cuBLAS workspace a matmul of the step gets
+            (:func:`gemm_workspace`).
 
     Returns:
         A trace of framework "keras-jax": the variables and the data resident, then one op that allocates
@@ -125,12 +131,16 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
     new_outputs = int(stats.output_size_in_bytes - stats.alias_size_in_bytes)
     temp = int(stats.temp_size_in_bytes)
     phase = Phase.FORWARD if step.mode == "infer" else Phase.BACKWARD
-    n = len(blocks)
-    blocks += [Block(n, temp, Category.TEMPORARIES, "", phase, 0, 0),
-               Block(n + 1, new_outputs, Category.ACTIVATIONS, "", phase, 0, -1)]
     module = hlo.parse(compiled.as_text())
     scratch = fusion_workspace(module)
     bookkeeping = runtime_bookkeeping(module, compiled.out_tree.num_leaves)
+    if gpu is not None:  # the GPU client's BFC rounds every buffer; no CPU kernel scratch
+        blocks = [replace(b, nbytes=bfc_round(b.nbytes)) for b in blocks]
+        temp, new_outputs = bfc_round(temp + gemm_workspace(module, gpu)), bfc_round(new_outputs)
+        scratch, bookkeeping = Workspace(0, 0, 0), 0
+    n = len(blocks)
+    blocks += [Block(n, temp, Category.TEMPORARIES, "", phase, 0, 0),
+               Block(n + 1, new_outputs, Category.ACTIVATIONS, "", phase, 0, -1)]
     ops = (Op(0, "xla.execute", phase, "", temp + new_outputs, temp, scratch.high + bookkeeping),)
     high = sum(b.nbytes for b in blocks) + scratch.high + bookkeeping
     spread = {"peak_low": high - (scratch.high - scratch.low), "peak_high": high} if scratch.low < scratch.high \
@@ -147,6 +157,24 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
         meta["unmodelled"] = ("not modelled: integer dots (Keras's int8 matmul: s8 x s8 -> s32) run XLA's own "
                               "contraction, whose packing buffers are not modelled; the allocator level may be higher")
     return Trace("keras-jax", step.mode, tuple(blocks), ops, layer_infos(step.model), meta)
+
+
+def gemm_workspace(module: hlo.Module, compute_capability: tuple[int, int]) -> int:
+    """The largest cuBLAS workspace XLA's GPU compiler gives a matmul of the step, in bytes.
+
+    ``gemm_rewriter.cc`` (``GemmWorkspaceRewriteVisitor``) appends an ``s8[workspace]`` output to each cuBLAS
+    gemm, part of the executable's temporaries: the operands' bytes, at most ``GemmConfig::kDefaultWorkspace``
+    (4 MiB), ``kHopperWorkspace`` (32 MiB) from compute capability 9.0 (``matmul_utils.h``). Read from the CPU
+    executable's dots (the GPU compiler may fuse a small one into a Triton kernel instead: a bound).
+    """
+    cap = (32 if compute_capability[0] >= 9 else 4) << 20
+    largest = 0
+    for body in module.computations.values():
+        for ins in body:
+            if ins.opcode == "dot":
+                operands = sum(hlo.nbytes(module.types.get(o, "")) or 0 for o in ins.operands)
+                largest = max(largest, min(cap, operands))
+    return largest
 
 
 def _integer_dots(module: hlo.Module) -> bool:

@@ -77,8 +77,9 @@ class Replay:
             adopts (an order where an optimizer's update overtakes the backward op that still reads the weight).
     """
 
-    def __init__(self, functions: dict[str, Any]) -> None:
+    def __init__(self, functions: dict[str, Any], *, kernel_scratch: bool = True) -> None:
         self.functions = functions
+        self.kernel_scratch = kernel_scratch  # False on a GPU: the CPU kernels' scratch rules do not apply
         self.sizes: list[int] = []
         self.alloc_at: list[int] = []
         self.free_at: list[int] = []
@@ -230,11 +231,11 @@ class Replay:
     def _workspace(self, op: Any) -> tuple[int, int]:
         """The kernel's scratch or the rise of a called graph (If branch, While body, function), in bytes: run
         once, and (the high end) with a loop's iterations overlapping as the executor may run them."""
-        rise = high = scratch_bytes(op)
+        rise = high = scratch_bytes(op) if self.kernel_scratch else 0
         for attr in CALLERS.get(op.type, ()):  # a While's cond rises too, by a scalar
             graph = self._body(op, attr)
             if graph is not None:
-                once, most = graph_rises(graph, self.functions)
+                once, most = graph_rises(graph, self.functions, kernel_scratch=self.kernel_scratch)
                 rise, high = max(rise, once), max(high, most)
         if op.type in WHILES:
             body = self._body(op, "body")
@@ -337,10 +338,10 @@ _HELD = frozenset({"Placeholder", "Const", "ReadVariableOp", "TensorListPopBack"
 popped or read element is the list's buffer, held by the list since it was pushed)."""
 
 
-def graph_rises(graph: Any, functions: dict[str, Any]) -> tuple[int, int]:
+def graph_rises(graph: Any, functions: dict[str, Any], *, kernel_scratch: bool = True) -> tuple[int, int]:
     """Peak bytes a function body allocates on top of its arguments, replayed once, and with the overlap of the
     loops it runs (:attr:`Replay.overlap`)."""
-    replay = Replay(functions)
+    replay = Replay(functions, kernel_scratch=kernel_scratch)
     ops = graph.get_operations()
     replay.run(ops, {t.name for t in graph.inputs}, [(Phase.FORWARD, "")] * len(ops))
     live = peak = high = 0

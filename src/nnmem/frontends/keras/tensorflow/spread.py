@@ -14,12 +14,13 @@ blocks. The low end is the bytes requested (no allocator waste), the high end th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
 import tensorflow as tf
 
-from nnmem.allocators.bfc import bfc_round, steady_state_chunks
+from nnmem.allocators.bfc import BFCAllocator, bfc_round, steady_state_chunks
 from nnmem.cpu import schedulable_cpus
 from nnmem.errors import TraceError
 from nnmem.frontends.keras.tensorflow.replay import Replay, functions_of
@@ -27,8 +28,11 @@ from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_pool_timel
 from nnmem.frontends.keras.tensorflow.scratch import tensor_bytes
 from nnmem.trace import Phase
 
-__all__ = ["POOL_TIMELINES", "QUICK_POOL_TIMELINES", "TIMELINES", "grappler_graph", "inter_op_threads", "peak_in_use",
-           "peak_range"]
+__all__ = ["GRAPPLER_MAX_ELEMENTS", "GpuBfc", "POOL_TIMELINES", "QUICK_POOL_TIMELINES", "TIMELINES", "grappler_graph",
+           "inter_op_threads", "oversized", "peak_in_use", "peak_range"]
+
+GpuBfc = Callable[[], BFCAllocator]
+"""A fresh GPU BFC allocator (its memory limit and growth), for each replay of a step on a GPU."""
 
 TIMELINES = 16
 """Seeded timelines of unequal op durations (:func:`~.schedule.executor_timeline`) each graph is replayed in."""
@@ -75,6 +79,20 @@ def peak_in_use(resident: int, chunks: list[int], alloc_at: list[int], free_at: 
     return peak
 
 
+GRAPPLER_MAX_ELEMENTS = (1 << 31) - 1
+"""Tensors above this many elements (int32 indexing) make Grappler's optimizer segfault (TensorFlow 2.21: an
+MLP's step at batch 27,301,101, 7.0e9-element activations); such graphs are left as traced."""
+
+
+def oversized(graph: Any) -> bool:
+    """Whether a tensor of the graph has more than :data:`GRAPPLER_MAX_ELEMENTS` elements."""
+    for op in graph.get_operations():
+        for t in op.outputs:
+            if t.shape.is_fully_defined() and t.shape.num_elements() > GRAPPLER_MAX_ELEMENTS:
+                return True
+    return False
+
+
 def grappler_graph(graph: Any, fetch: list[str]) -> Any | None:
     """The graph as Grappler's default passes rewrite it for the function runtime, or None where it fails.
 
@@ -85,6 +103,8 @@ def grappler_graph(graph: Any, fetch: list[str]) -> Any | None:
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
     from tensorflow.python.grappler import tf_optimizer
 
+    if oversized(graph):  # Grappler's passes crash the process on such a graph (a batch search's far probes)
+        return None
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph.as_graph_def())
     meta.collection_def["train_op"].node_list.value.extend(fetch)
@@ -106,7 +126,8 @@ def grappler_graph(graph: Any, fetch: list[str]) -> Any | None:
 
 
 def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], threads: int,
-           resident: list[tuple[int, int]], handles: dict[str, int], quick: bool = False) -> list[tuple[int, int]]:
+           resident: list[tuple[int, int]], handles: dict[str, int], quick: bool = False,
+           gpu: GpuBfc | None = None) -> list[tuple[int, int]]:
     """(requested, BFC) peaks of the executor's orders: in waves 1 and ``threads`` ops at a time, each of
     ``PICKS``, ``TIMELINES`` seeded timelines of ``threads`` workers and ``POOL_TIMELINES`` of the thread pool;
     ``quick``: the waves of ``threads`` ops and ``QUICK_POOL_TIMELINES`` pool timelines."""
@@ -120,12 +141,12 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
             orders += [executor_pool_timeline(graph, kept, threads, seed) for seed in range(POOL_TIMELINES)]
     out = []
     for ops, end_at in orders:
-        replay = Replay(functions_of(graph))
+        replay = Replay(functions_of(graph), kernel_scratch=gpu is None)
         replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep, end_at=end_at)
         workspace = [w for *_, w in replay.ops]
         high = [w + o for w, o in zip(workspace, replay.overlap)]  # a loop's iterations overlapping: high end only
         held, chunks, scratch = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, high,
-                                                    replay.adoptions(handles))
+                                                    replay.adoptions(handles), bfc=None if gpu is None else gpu())
         out.append((peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
                                 workspace, end_at),
                     peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at,
@@ -153,7 +174,7 @@ def _fetch(graph: Any, kept: set[str]) -> list[str]:
 
 def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequential: tuple[int, int],
                handles: dict[str, int] | None = None, grappler: bool = True,
-               quick: bool = False) -> tuple[int, int, int]:
+               quick: bool = False, gpu: GpuBfc | None = None) -> tuple[int, int, int]:
     """(lowest, highest peak, inter-op threads), in bytes, over the step's op orders (module docstring).
 
     Args:
@@ -166,12 +187,13 @@ def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequ
         grappler: include the graph as Grappler rewrites it.
         quick: a few orders per graph (the waves of ``threads`` ops, :data:`QUICK_POOL_TIMELINES` pool
             timelines): 14 replays instead of some 70, a batch search's high end, at most the full range's.
+        gpu: on a GPU, a fresh GPU BFC allocator per replay (no CPU kernel scratch); None: the CPU's.
     """
     threads = inter_op_threads()
     keep = [t.name for t in graph.outputs]
     inputs = {t.name for t in graph.inputs}
     handles = handles or {}
-    peaks = [sequential, *_peaks(graph, kept, inputs, keep, threads, resident, handles, quick)]
+    peaks = [sequential, *_peaks(graph, kept, inputs, keep, threads, resident, handles, quick, gpu)]
     rewritten = grappler_graph(graph, _fetch(graph, kept)) if grappler else None
     if rewritten is not None:
         names = {op.name for op in rewritten.get_operations()}
@@ -180,5 +202,5 @@ def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequ
             resident = [*resident, (folded, 0)]
         with suppress(TraceError):  # a loop lowered to v1 control flow (NextIteration) is a cycle: left out
             peaks += _peaks(rewritten, names, {n for n in inputs if n.split(":")[0] in names},
-                            [n for n in keep if n.split(":")[0] in names], threads, resident, handles)
+                            [n for n in keep if n.split(":")[0] in names], threads, resident, handles, gpu=gpu)
     return min(p for p, _ in peaks), max(b for _, b in peaks), threads

@@ -34,7 +34,7 @@ from nnmem.frontends.keras.common import (
 from nnmem.frontends.keras.tensorflow.replay import Replay, call_depth, functions_of, while_loops
 from nnmem.frontends.keras.tensorflow.schedule import execution_order, reachable
 from nnmem.frontends.keras.tensorflow.scratch import VIEWS, eigen_fallback_note, onednn_enabled, tensor_bytes
-from nnmem.frontends.keras.tensorflow.spread import peak_in_use, peak_range
+from nnmem.frontends.keras.tensorflow.spread import GRAPPLER_MAX_ELEMENTS, GpuBfc, oversized, peak_in_use, peak_range
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
 __all__ = ["RANDOM_INITIALIZER_TEMPORARIES", "RESOURCE_HANDLE_BYTES", "trace_step"]
@@ -193,9 +193,10 @@ def _initializer_temporaries(model: Any) -> dict[int, int]:
     return temps
 
 
-def _resident(step: KerasStep, graph: Any) -> tuple[list[Block], list[int]]:
+def _resident(step: KerasStep, graph: Any, handles: bool = True) -> tuple[list[Block], list[int]]:
     """Blocks live before the step (their bytes as requested), and how many initializer temporaries preceded
-    each (creation order)."""
+    each (creation order). ``handles``: the variables' handles share the allocator (a CPU's; on a GPU they live in
+    host memory, as every ``DT_RESOURCE`` tensor does)."""
     blocks: list[Block] = []
     temps = _initializer_temporaries(step.model)
     before: list[int] = []
@@ -211,7 +212,7 @@ def _resident(step: KerasStep, graph: Any) -> tuple[list[Block], list[int]]:
     idle = _idle_variables(step, {id(v) for v, _, _ in used})  # a compiled model's optimizer and metrics
     for v, category, layer in idle:
         blocks.append(Block(len(blocks), array_nbytes(v), category, layer, Phase.SETUP, -1, -1))
-    for _, _, layer in (*used, *idle):  # each variable's handle (after the blocks the graph's captures index)
+    for _, _, layer in (*used, *idle) if handles else ():  # each variable's handle (after the captured blocks)
         blocks.append(Block(len(blocks), RESOURCE_HANDLE_BYTES, Category.BUFFERS, layer, Phase.SETUP, -1, -1))
     return blocks, before + [0] * (len(blocks) - len(before))
 
@@ -295,7 +296,7 @@ def _gradient_blocks(ops: list[Any], replay: Replay, where: list[tuple[Phase, st
 
 
 def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = True,
-               quick_range: bool = False) -> Trace:
+               quick_range: bool = False, gpu: GpuBfc | None = None) -> Trace:
     """Estimate one Keras step on the TensorFlow backend from the graph of its ``tf.function``.
 
     Nothing batch-sized is allocated: the function is traced for ``tf.TensorSpec`` s of the data.
@@ -306,6 +307,9 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
             measuring process changes the BFC layout the pinned step then lands in.
         quick_range: with ``with_range``, the few orders of ``peak_range(quick=True)`` (a batch search's high
             end).
+        gpu: the step on a GPU: its buffers replayed through a fresh GPU BFC allocator from this factory (its
+            memory limit, one region unless it grows), without the CPU kernels' scratch and with the variables'
+            handles in host memory. None: the CPU's.
 
     Raises:
         TraceError: the model rejects the inputs' shapes or dtypes.
@@ -318,20 +322,21 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
     kept = reachable(graph)
     ops = execution_order(graph, kept)
     where = [where_of[op.name] for op in ops]
-    replay = Replay(functions_of(graph))
+    replay = Replay(functions_of(graph), kernel_scratch=gpu is None)
     replay.run(ops, {t.name for t in graph.inputs}, where, keep=[t.name for t in graph.outputs])
     cats = _categorize(replay, where, _gradient_blocks(ops, replay, where) if step.mode == "train" else set())
-    blocks, temporaries = _resident(step, graph)
+    blocks, temporaries = _resident(step, graph, handles=gpu is None)
     resident = [(bfc_round(b.nbytes), t) for b, t in zip(blocks, temporaries)]
     workspace = [w for *_, w in replay.ops]
     handles = variable_handles(step, graph)
     held, chunks, scratch = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, workspace,
-                                                replay.adoptions(handles))
+                                                replay.adoptions(handles), bfc=None if gpu is None else gpu())
     scratch = replay.scratch_chunks(scratch, workspace)
     sequential = (peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at, workspace),
                   peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at, scratch))
-    low, high, threads = (peak_range(graph, kept, resident, sequential, handles, quick=quick_range) if with_range
-                          else (None, None, None))
+    # on a GPU, Grappler's rewrite for this process's CPU (oneDNN fusions) is not the GPU's graph: left out
+    low, high, threads = (peak_range(graph, kept, resident, sequential, handles, grappler=gpu is None,
+                                     quick=quick_range, gpu=gpu) if with_range else (None, None, None))
     blocks = _held(blocks, held)
     base = len(blocks)
     for b, size in enumerate(chunks):
@@ -350,13 +355,18 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
             "executor": "tf.function graph executor (jit_compile=False)",
             "call_depth": call_depth(graph, replay.functions),
             "while_loops": while_loops(graph, replay.functions),
-            "allocator_model": "BFC: 256-byte chunks, sequential schedule",
+            "allocator_model": ("BFC: 256-byte chunks, sequential schedule" if gpu is None
+                                else "GPU BFC (GPU_0_bfc): 256-byte chunks, sequential schedule"),
             "peak_low": low, "peak_high": high, "inter_op_threads": threads}
     bodies = [op for f in replay.functions.values() if getattr(f, "graph", None) is not None
               for op in f.graph.get_operations()]  # a while loop's cell runs its matmuls in its body function
-    fallback = eigen_fallback_note([*ops, *bodies], cpu.describe().flags, onednn_enabled())
+    fallback = eigen_fallback_note([*ops, *bodies], cpu.describe().flags, onednn_enabled()) if gpu is None else None
     if fallback is not None:
         info["unmodelled"] = fallback
+    if with_range and gpu is None and oversized(graph):
+        info["grappler_skipped"] = (f"range: a tensor of this step has over {GRAPPLER_MAX_ELEMENTS:,} elements, on "
+                                    "which Grappler's optimizer crashes the process: the executor's orders on "
+                                    "Grappler's rewrite of the graph are left out of the range")
     if step.mode == "train":
         info["optimizer"] = optimizer_label(step.model)
     return Trace("keras-tensorflow", step.mode, tuple(blocks), trace_ops, layer_infos(step.model), info)
