@@ -163,3 +163,20 @@ def test_tensorflow_on_a_gpu_is_the_xla_step_keras_compiles_there(monkeypatch: p
     monkeypatch.setenv(TF_STEP_ENV, "graph")
     graph = nnmem.estimate("keras_mlp", batch=64, device="T4")
     assert "peak_high" in graph.meta and any("graph executor's step" in n for n in graph.notes)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's virtual devices")
+def test_tensorflow_virtual_devices_set_or_refuse_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A memory_limit the process gave its GPU replaces TensorFlow's default; a split into several virtual
+    devices (each with its own allocator) is refused with the reason."""
+    import tensorflow as tf
+
+    gpu0 = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [gpu0] if kind == "GPU" else [])
+    one = [tf.config.LogicalDeviceConfiguration(memory_limit=4096)]
+    monkeypatch.setattr(tf.config, "get_logical_device_configuration", lambda device: one)
+    fits = nnmem.fit("keras_mlp", device="T4", modes=("infer",))
+    assert fits.budget_bytes == 4096 << 20
+    one.append(tf.config.LogicalDeviceConfiguration(memory_limit=4096))
+    with pytest.raises(UnsupportedError, match="2 virtual devices"):
+        nnmem.estimate("keras_mlp", batch=8, device="T4")

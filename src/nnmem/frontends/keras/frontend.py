@@ -78,8 +78,26 @@ def _meta(step: KerasStep, batch: int | None) -> dict[str, object]:
 
 
 def _gpu(request: StepRequest) -> KerasGpu | None:
-    """The GPU the request is estimated for, as this process's backend sees it (None: the CPU)."""
-    return keras_gpu(request.device, str(keras.backend.backend()))
+    """The GPU the request is estimated for, as this process's backend sees it (None: the CPU).
+
+    Raises:
+        UnsupportedError: TensorFlow in this process splits its first GPU into several virtual devices, each with
+            its own BFC allocator and memory limit: one step on one of them is not what the estimate models.
+    """
+    gpu = keras_gpu(request.device, str(keras.backend.backend()))
+    if gpu is None or gpu.backend != "tensorflow":
+        return gpu
+    import tensorflow as tf
+
+    physical = tf.config.list_physical_devices("GPU")
+    logical = (tf.config.get_logical_device_configuration(physical[0]) or []) if physical else []
+    if len(logical) > 1:
+        raise UnsupportedError(f"TensorFlow splits GPU 0 into {len(logical)} virtual devices here (set_logical_device_"
+                               "configuration), each with its own allocator and memory limit; the estimate models "
+                               "one whole GPU: estimate without the split, with budget= one device's memory_limit")
+    if logical and logical[0].memory_limit is not None:  # the process's own limit, in MiB
+        return replace(gpu, configured_limit=int(logical[0].memory_limit) << 20)
+    return gpu
 
 
 def _trace(step: KerasStep, meta: dict[str, object], gpu: KerasGpu | None, **options: Any) -> Trace:

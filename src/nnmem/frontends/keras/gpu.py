@@ -112,6 +112,9 @@ class KerasGpu:
             ``cuda_malloc_async``: each buffer from the driver).
         xla: on TensorFlow, the step is estimated compiled with XLA, as Keras runs it on a GPU (needs JAX's XLA
             client here to compile its HLO; :data:`TF_STEP_ENV` set to ``graph`` picks the graph executor).
+        configured_limit: a memory limit the process set itself, in bytes (TensorFlow's
+            ``tf.config.set_logical_device_configuration(gpu, [LogicalDeviceConfiguration(memory_limit=...)])``),
+            which replaces the default one; None: the backend's default.
     """
 
     target: CudaTarget
@@ -121,6 +124,7 @@ class KerasGpu:
     growth: bool
     pooled: bool
     xla: bool = False
+    configured_limit: int | None = None
 
     @property
     def name(self) -> str:
@@ -134,6 +138,8 @@ class KerasGpu:
     @property
     def limit(self) -> int | None:
         """Bytes the backend's allocator may hold on the device (None when the device's memory is unknown)."""
+        if self.configured_limit is not None:
+            return self.configured_limit
         if self.memory_bytes is None:
             return None
         free = self.memory_bytes - self.context_bytes
@@ -155,9 +161,11 @@ class KerasGpu:
         if self.backend == "tensorflow":
             shown = ("" if limit is None else f"; nvidia-smi shows about {_gib(limit + self.context_bytes)} "
                      "used from the first step whatever the model needs")
+            why = ("the memory_limit this process set (set_logical_device_configuration)"
+                   if self.configured_limit is not None
+                   else "the free memory less the reserve gpu_device.cc keeps for the system")
             notes.append("TensorFlow on a GPU: an OOM is the GPU BFC allocator's bytes in use passing its memory "
-                         f"limit ({'unknown for a bare cuda device' if limit is None else _gib(limit)}: the free "
-                         "memory less the reserve gpu_device.cc keeps for the system)"
+                         f"limit ({'unknown for a bare cuda device' if limit is None else _gib(limit)}: {why})"
                          + ("; TF_FORCE_GPU_ALLOW_GROWTH=true: regions grow from 2 MiB" if self.growth else shown))
             workspace = ("cuDNN workspaces are left out: they take free memory up to TF_CUDNN_WORKSPACE_LIMIT_IN_MB "
                          "(4 GiB) and an algorithm whose workspace does not fit falls back to one without, so they "
