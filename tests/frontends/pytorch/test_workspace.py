@@ -275,7 +275,11 @@ def test_notes_follow_the_isa() -> None:
         assert note_for(conv, (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {}, _synthetic(isa)) is None
     dilated = note_for(conv, (x.half(), w.half(), None, [1, 1], [2, 2], [2, 2], False, [0, 0], 1), {},
                        _synthetic("avx2"))
-    assert dilated is not None and "slow_dilated2d" in dilated
+    assert dilated is None  # ATen's dilated kernel: modelled (workspace/conv_native.py)
+    w_t = torch.zeros(16, 32, 3, 3)  # a transposed convolution's weight: (in, out, kh, kw)
+    transposed = note_for(conv, (x.half(), w_t.half(), None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1), {},
+                          _synthetic("avx2"))
+    assert transposed is not None and "slow_transpose2d" in transposed
 
 
 def test_rules_collect_notes_of_a_trace() -> None:

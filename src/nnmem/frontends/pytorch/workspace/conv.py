@@ -30,6 +30,12 @@ from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import fwd_or_bwd_data as b
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
+from nnmem.frontends.pytorch.workspace.conv_native import (
+    slow3d_backward,
+    slow3d_forward,
+    slow_dilated_backward,
+    slow_dilated_forward,
+)
 from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward, unit_stride_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward, conv_transpose_forward
 from nnmem.frontends.pytorch.workspace.conv_select import (
@@ -53,6 +59,10 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
     backend = conv_backend(call, info)
     if backend == "slow2d":
         return slow2d_forward(call, nbytes(out))
+    if backend.startswith("slow_dilated"):
+        return slow_dilated_forward(call, nbytes(out))
+    if backend == "slow3d":
+        return slow3d_forward(call, nbytes(out))
     if backend == "mkldnn" and bf16_1x1_modelled(call, info):  # jit_bf16_1x1: its scratchpad first
         pad = bf16_1x1_fwd_or_bwd_data(one_by_one(call, bias is not None), torch.get_num_threads(), False)
         return conv_forward(x, weight, bias, out, 1, info.onednn_block, call.stride, scratchpad=pad)
@@ -173,6 +183,10 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     backend = conv_backend(call, info)
     if backend == "slow2d":
         return slow2d_backward(call, grad_out, mask, fresh)
+    if backend.startswith("slow_dilated"):
+        return slow_dilated_backward(call, grad_out, mask, fresh)
+    if backend == "slow3d":
+        return slow3d_backward(call, grad_out, mask, fresh)
     if backend == "mkldnn_transpose" and onednn_transpose_backward(call, info):
         # ideep's deconvolution backward runs oneDNN convolutions with the roles swapped: the same
         # blocked reorders as a forward convolution's backward (ONEDNN_VERBOSE: aBcd16b, BAcd16a16b)

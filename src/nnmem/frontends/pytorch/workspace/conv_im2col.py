@@ -49,10 +49,11 @@ def _copy(shape: tuple[int, ...], size: int, layout: str, fmt: str) -> int:
     return size
 
 
-def _slice_copy(shape: tuple[int, ...], itemsize: int, groups: int) -> int:
-    """Bytes of ``subtensor(t, 1, groups, g)`` (Convolution.cpp): one group's channels made contiguous, a copy
-    unless the batch is 1."""
-    return 0 if shape[0] == 1 else math.prod(shape) * itemsize // groups
+def _slice_copy(shape: tuple[int, ...], itemsize: int, groups: int, layout: str = "contiguous") -> int:
+    """Bytes of ``subtensor(t, 1, groups, g)`` (Convolution.cpp): one group's channels made contiguous in ``t``'s
+    suggested format, a copy unless the batch is 1 and ``t`` contiguous (an expanded grad_output, as a ``sum()``'s
+    backward hands it, is copied at batch 1 too)."""
+    return 0 if shape[0] == 1 and layout == "contiguous" else math.prod(shape) * itemsize // groups
 
 
 def slow2d_forward(call: ConvCall, out_bytes: int) -> int:
@@ -67,7 +68,8 @@ def slow2d_forward(call: ConvCall, out_bytes: int) -> int:
     channels = call.x_shape[1] // g
     if g == 1:
         return _made_contiguous(call) + _columns(call, channels)
-    slice_in, columns, slice_out = _slice_copy(call.x_shape, call.itemsize, g), _columns(call, channels), out_bytes // g
+    slice_in, columns, slice_out = (_slice_copy(call.x_shape, call.itemsize, g, _slow2d_format(call)),
+                                    _columns(call, channels), out_bytes // g)
     seq = [_made_contiguous(call)]
     for _ in range(g):
         seq += [slice_in, columns, slice_out, -columns, -slice_in]
@@ -120,7 +122,7 @@ def slow2d_backward(call: ConvCall, grad_out: torch.Tensor, mask: Sequence[bool]
     gy_layout = tensor_layout(grad_out)
     if g == 1:
         return max(alloc_peak(seq + _slow2d_backward_seq(call, gy_shape, gy_layout, channels, mask, sizes)) - fresh, 0)
-    gy_g, x_g = _slice_copy(gy_shape, e, g), _slice_copy(call.x_shape, e, g)
+    gy_g, x_g = _slice_copy(gy_shape, e, g, gy_layout), _slice_copy(call.x_shape, e, g, _slow2d_format(call))
     group_shape = (gy_shape[0], gy_shape[1] // g, *gy_shape[2:])
     slice_layout = "channels_last" if gy_layout == "channels_last" else "contiguous"  # suggest_memory_format
     for _ in range(g):

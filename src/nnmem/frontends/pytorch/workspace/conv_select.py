@@ -408,7 +408,7 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
                 f"(ISA {info.isa}): {NOT_MODELLED}")
     if backend.startswith("mkldnn") and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend):
         return f"3-D convolution through oneDNN: {NOT_MODELLED}"
-    if backend not in ("mkldnn", "mkldnn_transpose", "slow2d"):
+    if backend not in ("mkldnn", "mkldnn_transpose", "slow2d", "slow_dilated2d", "slow_dilated3d", "slow3d"):
         return f"{kind} convolution on ATen's {backend} kernel (oneDNN ISA {info.isa}): {NOT_MODELLED}"
     return None
 
