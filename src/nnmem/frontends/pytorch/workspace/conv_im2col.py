@@ -8,7 +8,7 @@ whole-batch columns, inputs made contiguous in the kernel's layout, per-group co
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -56,24 +56,55 @@ def _slice_copy(shape: tuple[int, ...], itemsize: int, groups: int, layout: str 
     return 0 if shape[0] == 1 and layout == "contiguous" else math.prod(shape) * itemsize // groups
 
 
-def slow2d_forward(call: ConvCall, out_bytes: int) -> int:
-    """Scratch of the ``Slow2d`` branch of ``_convolution`` (Convolution.cpp) and ``slow_conv2d_forward_out_cpu``
-    (ConvolutionMM2d.cpp).
-
-    Input and weight made contiguous; per group a ``subtensor`` copy of the input's channels, the columns
-    (``compute_columns2d``), that group's output, the columns freed; ``at::cat`` of the group outputs. One
-    group: ``[input, weight, columns, out, -columns]``.
-    """
+def grouped_forward(call: ConvCall, out_bytes: int, made: int, columns: int, fmt: str) -> int:
+    """Scratch of a native kernel's forward under ``_convolution`` (Convolution.cpp): the operands made contiguous
+    (``made`` bytes), then with one group the kernel's ``columns``; with several, per group a ``subtensor`` copy of
+    the input's channels (in ``fmt``), its columns and its output, and ``at::cat`` of the group outputs."""
     g = call.groups
-    channels = call.x_shape[1] // g
     if g == 1:
-        return _made_contiguous(call) + _columns(call, channels)
-    slice_in, columns, slice_out = (_slice_copy(call.x_shape, call.itemsize, g, _slow2d_format(call)),
-                                    _columns(call, channels), out_bytes // g)
-    seq = [_made_contiguous(call)]
+        return made + columns
+    slice_in, slice_out = _slice_copy(call.x_shape, call.itemsize, g, fmt), out_bytes // g
+    seq = [made]
     for _ in range(g):
         seq += [slice_in, columns, slice_out, -columns, -slice_in]
     return alloc_peak([*seq, out_bytes]) - out_bytes
+
+
+GroupSeq = Callable[[ConvCall, tuple[int, ...], str, int, Sequence[bool], tuple[int, int, int]], list[int]]
+"""One group's backward kernel as a sequence of allocations: ``(call, grad_output's shape and layout, channels,
+mask, (grad_input, grad_weight, grad_bias) bytes) -> [+alloc, -free, ...]``."""
+
+
+def grouped_backward(call: ConvCall, grad_out: torch.Tensor, mask: Sequence[bool], fresh: int, made: int,
+                     kernel: GroupSeq, fmt: str) -> int:
+    """Scratch of ``convolution_backward``'s branches for native kernels without groups (Convolution.cpp): the
+    operands made contiguous (``made`` bytes); per group ``subtensor`` copies of grad_output's and the input's
+    channels, the ``kernel``'s sequence, and ``at::cat`` of the group gradients at the end."""
+    g, e = call.groups, call.itemsize
+    gy_shape = tuple(int(d) for d in grad_out.shape)
+    if call.one_d:
+        gy_shape = (*gy_shape[:2], 1, gy_shape[2])
+    channels = call.x_shape[1] // g
+    sizes = (call.x_bytes // g if mask[0] else 0, call.w_bytes // g if mask[1] else 0,
+             call.w_shape[0] // g * e if mask[2] else 0)
+    gy_layout = tensor_layout(grad_out)
+    if g == 1:
+        return max(alloc_peak([made, *kernel(call, gy_shape, gy_layout, channels, mask, sizes)]) - fresh, 0)
+    gy_g, x_g = _slice_copy(gy_shape, e, g, gy_layout), _slice_copy(call.x_shape, e, g, fmt)
+    group_shape = (gy_shape[0], gy_shape[1] // g, *gy_shape[2:])
+    slice_layout = "channels_last" if gy_layout == "channels_last" else "contiguous"  # suggest_memory_format
+    seq = [made]
+    for _ in range(g):
+        seq += [gy_g, x_g, *kernel(call, group_shape, slice_layout, channels, mask, sizes), -gy_g, -x_g]
+    seq += [g * s for s in sizes]
+    return max(alloc_peak(seq) - fresh, 0)
+
+
+def slow2d_forward(call: ConvCall, out_bytes: int) -> int:
+    """Scratch of the ``Slow2d`` branch of ``_convolution`` (Convolution.cpp) and ``slow_conv2d_forward_out_cpu``
+    (ConvolutionMM2d.cpp): the batch's columns (``compute_columns2d``), per group as :func:`grouped_forward` has it."""
+    return grouped_forward(call, out_bytes, _made_contiguous(call), _columns(call, call.x_shape[1] // call.groups),
+                           _slow2d_format(call))
 
 
 def _bias_sum_buffer(shape: tuple[int, ...], dtype: torch.dtype, layout: str) -> int:
@@ -108,25 +139,7 @@ def _slow2d_backward_seq(call: ConvCall, gy_shape: tuple[int, ...], gy_layout: s
 
 
 def slow2d_backward(call: ConvCall, grad_out: torch.Tensor, mask: Sequence[bool], fresh: int) -> int:
-    """Scratch of ``convolution_backward``'s ``Slow2d`` branch (Convolution.cpp): input and weight made
-    contiguous; per group ``subtensor`` copies of grad_output's and the input's channels, that group's
-    gradients (kept), and ``at::cat`` of the group gradients at the end."""
-    g, e = call.groups, call.itemsize
-    gy_shape = tuple(int(d) for d in grad_out.shape)
-    if call.one_d:
-        gy_shape = (*gy_shape[:2], 1, gy_shape[2])
-    channels = call.x_shape[1] // g
-    sizes = (call.x_bytes // g if mask[0] else 0, call.w_bytes // g if mask[1] else 0,
-             call.w_shape[0] // g * e if mask[2] else 0)
-    seq = [_made_contiguous(call)]
-    gy_layout = tensor_layout(grad_out)
-    if g == 1:
-        return max(alloc_peak(seq + _slow2d_backward_seq(call, gy_shape, gy_layout, channels, mask, sizes)) - fresh, 0)
-    gy_g, x_g = _slice_copy(gy_shape, e, g, gy_layout), _slice_copy(call.x_shape, e, g, _slow2d_format(call))
-    group_shape = (gy_shape[0], gy_shape[1] // g, *gy_shape[2:])
-    slice_layout = "channels_last" if gy_layout == "channels_last" else "contiguous"  # suggest_memory_format
-    for _ in range(g):
-        inner = _slow2d_backward_seq(call, group_shape, slice_layout, channels, mask, sizes)
-        seq += [gy_g, x_g, *inner, -gy_g, -x_g]
-    seq += [g * s for s in sizes]
-    return max(alloc_peak(seq) - fresh, 0)
+    """Scratch of ``convolution_backward``'s ``Slow2d`` branch (Convolution.cpp), per group as
+    :func:`grouped_backward` has it."""
+    return grouped_backward(call, grad_out, mask, fresh, _made_contiguous(call), _slow2d_backward_seq,
+                            _slow2d_format(call))

@@ -24,8 +24,9 @@ from nnmem.frontends.pytorch.workspace.conv_im2col import (
     _bias_sum_buffer,
     _copy,
     _made_contiguous,
-    _slice_copy,
     _slow2d_format,
+    grouped_backward,
+    grouped_forward,
 )
 from nnmem.frontends.pytorch.workspace.conv_select import ConvCall, tensor_layout
 
@@ -51,18 +52,10 @@ def _sample_columns(call: ConvCall, channels: int) -> int:
 
 
 def slow_dilated_forward(call: ConvCall, out_bytes: int) -> int:
-    """``SlowDilated2d`` / ``SlowDilated3d`` forward: the operands made contiguous, one sample's columns; with
-    groups, per group a ``subtensor`` copy of the input's channels, its columns and its output, then ``at::cat``."""
-    g = call.groups
-    channels = call.x_shape[1] // g
-    if g == 1:
-        return _made(call) + _sample_columns(call, channels)
-    slice_in, columns, slice_out = (_slice_copy(call.x_shape, call.itemsize, g, _format(call)),
-                                    _sample_columns(call, channels), out_bytes // g)
-    seq = [_made(call)]
-    for _ in range(g):
-        seq += [slice_in, columns, slice_out, -columns, -slice_in]
-    return alloc_peak([*seq, out_bytes]) - out_bytes
+    """``SlowDilated2d`` / ``SlowDilated3d`` forward: the operands made contiguous, one sample's columns, per group
+    as :func:`~.conv_im2col.grouped_forward` has it."""
+    columns = _sample_columns(call, call.x_shape[1] // call.groups)
+    return grouped_forward(call, out_bytes, _made(call), columns, _format(call))
 
 
 def _dilated_backward_seq(call: ConvCall, gy_shape: tuple[int, ...], gy_layout: str, channels: int,
@@ -76,29 +69,9 @@ def _dilated_backward_seq(call: ConvCall, gy_shape: tuple[int, ...], gy_layout: 
 
 
 def slow_dilated_backward(call: ConvCall, grad_out: torch.Tensor, mask: Sequence[bool], fresh: int) -> int:
-    """``convolution_backward``'s ``SlowDilated`` branches (Convolution.cpp): input and weight made contiguous;
-    with groups, per group ``subtensor`` copies of grad_output's and the input's channels, that group's gradients,
-    and ``at::cat`` of them at the end."""
-    g, e = call.groups, call.itemsize
-    gy_shape = tuple(int(d) for d in grad_out.shape)
-    if call.one_d:
-        gy_shape = (*gy_shape[:2], 1, gy_shape[2])
-    channels = call.x_shape[1] // g
-    sizes = (call.x_bytes // g if mask[0] else 0, call.w_bytes // g if mask[1] else 0,
-             call.w_shape[0] // g * e if mask[2] else 0)
-    gy_layout = tensor_layout(grad_out)
-    seq = [_made(call)]
-    if g == 1:
-        return max(alloc_peak(seq + _dilated_backward_seq(call, gy_shape, gy_layout, channels, mask, sizes)) - fresh,
-                   0)
-    gy_g, x_g = _slice_copy(gy_shape, e, g, gy_layout), _slice_copy(call.x_shape, e, g, _format(call))
-    group_shape = (gy_shape[0], gy_shape[1] // g, *gy_shape[2:])
-    slice_layout = "channels_last" if gy_layout == "channels_last" else "contiguous"
-    for _ in range(g):
-        seq += [gy_g, x_g, *_dilated_backward_seq(call, group_shape, slice_layout, channels, mask, sizes),
-                -gy_g, -x_g]
-    seq += [g * s for s in sizes]
-    return max(alloc_peak(seq) - fresh, 0)
+    """``convolution_backward``'s ``SlowDilated`` branches (Convolution.cpp), per group as
+    :func:`~.conv_im2col.grouped_backward` has it."""
+    return grouped_backward(call, grad_out, mask, fresh, _made(call), _dilated_backward_seq, _format(call))
 
 
 def _batch_columns(call: ConvCall, *, view_allowed: bool) -> int:
