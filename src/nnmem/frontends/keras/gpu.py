@@ -232,7 +232,7 @@ def keras_gpu(device: str, backend: str, env: Mapping[str, str] | None = None) -
         pooled = env.get("TF_GPU_ALLOCATOR", "").strip() != "cuda_malloc_async"
         xla = env.get(TF_STEP_ENV, "").strip().lower() != "graph" and importlib.util.find_spec("jax") is not None
         return KerasGpu(target, backend, memory, context, growth, pooled, xla)
-    elif backend == "jax":
+    if backend == "jax":
         growth = env.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").strip() in ("false", "False", "0")
         pooled = env.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default").strip().lower() != "platform"
     else:
