@@ -200,8 +200,9 @@ def micro_batches(model: Any, inputs: Any = None, *, batch: int, budget: Any = N
         raise ConfigError(f"expected the effective batch as a positive integer. Received: {batch!r}")
     kwargs: dict[str, Any] = {"mode": "train", "optimizer": optimizer, "loss_fn": loss_fn, "target": target,
                               "device": device, "input_shape": input_shape}
-    budget_bytes, level = _budget(budget, device, step_request(model, inputs, **kwargs))
-    plain = _search(step_request(model, inputs, **kwargs), budget_bytes, level, progress=progress)
+    request = step_request(model, inputs, **kwargs)
+    budget_bytes, level = _budget(budget, device, request)
+    plain = _search(request, budget_bytes, level, progress=progress)
     if plain.batch >= batch:
         return Accumulation(batch, 1, batch, _search_peak(model, inputs, batch, 1, kwargs, level), budget_bytes,
                             plain.batch, 0)
