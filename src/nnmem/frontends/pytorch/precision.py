@@ -58,14 +58,15 @@ def describe_precision(technique: str) -> str:
 
 
 def recurrent_note(model: nn.Module, kind: str, dtype: torch.dtype, mode: str) -> str | None:
-    """Under autocast the inference kernels that run a whole layer in one op (``aten.lstm`` / ``gru`` / ``rnn_*``
-    and the fused transformer paths, which the trace sees whole under ``inference_mode``) compute inside in
-    ``dtype``, as autocast casts the ops they call; the trace cannot see those casts (autocast is above the
-    dispatch the trace runs in) and models the float32 kernels: not modelled (measured: GRU inference +18 %,
-    TransformerEncoder inference +16 %, estimated high). In training the layer's ops are traced one by one."""
+    """Under CPU autocast, inference of ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` takes the
+    fused fast path (their check ``torch.is_autocast_enabled()`` asks about CUDA): one native kernel
+    (``_transformer_encoder_layer_fwd``, ``_native_multi_head_attention``) whose inner ops autocast casts, which
+    the trace cannot see (autocast is above the dispatch the trace runs in) and models in float32: not
+    modelled (measured: TransformerEncoder inference +15 %, estimated high). The recurrent layers' kernels are
+    composites of ATen ops: the tracker runs them op by op under autocast (tracker.py), no note. In training
+    every layer's ops are traced one by one."""
     fused = [type(m).__name__ for m in model.modules()
-             if isinstance(m, (nn.RNNBase, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer,
-                               nn.MultiheadAttention))]
+             if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.MultiheadAttention))]
     if kind != "autocast" or mode != "infer" or not fused:
         return None
     from nnmem.cpu import describe

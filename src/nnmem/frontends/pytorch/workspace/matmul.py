@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from nnmem.cpu import CpuInfo
-from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, aten, dtype_name, round_up
+from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, aten, dtype_name, nbytes, round_up
 from nnmem.frontends.pytorch.workspace.misc import _folds
 
 # The ISA and thread counts where oneDNN's bfloat16 scratch was measured (torch 2.13.0, oneDNN 3.12): the matmuls
@@ -88,15 +88,53 @@ def _batched(t: torch.Tensor) -> str | None:
     return "transposed" if strides == (rows * cols, 1, rows) else None
 
 
-def _linear_call(x: Any, w: Any) -> OnednnMatmul | None:
+def _strict_folds(x: torch.Tensor) -> bool:
+    """``should_fold``'s stride test (aten/src/ATen/native/LinearAlgebra.cpp): each leading stride is the next
+    one times its size, size-1 dimensions included (unlike ``Tensor::is_contiguous``)."""
+    shape, stride = x.shape, x.stride()
+    return all(int(stride[i]) == int(stride[i + 1]) * int(shape[i + 1]) for i in range(x.dim() - 2))
+
+
+def linear_batched(x: Any, bias: Any) -> bool:
+    """Whether ``aten.linear`` on a 3-D input runs ``matmul``'s batched path: Linear.cpp flattens a contiguous
+    input with a bias (``_flatten_nd_linear``); otherwise ``matmul(x, weight.t())`` folds ``x`` to 2-D only when
+    ``should_fold`` holds (under ``inference_mode`` the weight's view does not require a gradient: measured the
+    same with and without), else expands the weight over ``x``'s first dimension and calls ``bmm``."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        return False
+    if bias is not None and x.is_contiguous():
+        return False
+    return not _strict_folds(x)
+
+
+def linear_copies(args: tuple[Any, ...]) -> int:
+    """Bytes ``mkldnn_matmul`` copies for a batched ``aten.linear`` (Matmul.cpp: an operand not in
+    ``is_mkldnn_optimized_format`` is made contiguous first): the weight expanded to ``[T, k, n]``, always, and
+    an input that is not a dense batch (:func:`_batched`). Measured: batch-first projections, seeded draws."""
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    if not linear_batched(x, bias):
+        return 0
+    batch, k, n = int(x.shape[0]), int(x.shape[2]), int(w.shape[0])
+    weight = batch * k * n * w.element_size()
+    return weight + (nbytes(x) if _batched(x) is None else 0)
+
+
+def _linear_call(x: Any, w: Any, bias: Any = None) -> OnednnMatmul | None:
     """``aten.linear`` (whole under ``inference_mode``): Linear.cpp hands ``addmm`` / ``mm`` (``_flatten_nd_linear``
-    or ``matmul``'s fold) the input viewed as ``[-1, k]`` and ``weight.t()``. None for an input whose leading
-    dimensions do not fold (measured well above its copy plus one scratchpad: not modelled)."""
+    or ``matmul``'s fold) the input viewed as ``[-1, k]`` and ``weight.t()``; a 3-D input that does not fold
+    goes to ``bmm`` (:func:`linear_batched`) over contiguous copies. None for an input of more dimensions whose
+    leading ones do not fold (``matmul`` reshapes it first: not modelled)."""
     if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or x.dim() < 2 or w.dim() != 2:
         return None
+    k, n = int(x.shape[-1]), int(w.shape[0])
+    if linear_batched(x, bias):
+        transposed = _batched(x) == "transposed"
+        if transposed and int(x.shape[0]) == 1:  # measured between the plain and transposed scratchpads
+            return None
+        return OnednnMatmul(int(x.shape[1]), k, n, int(x.shape[0]), transposed)
     if x.dim() > 2 and not _folds(x):
         return None
-    k, n = int(x.shape[-1]), int(w.shape[0])
     m = x.numel() // max(k, 1)
     flat = x if x.dim() == 2 else x.reshape(-1, k)
     a_layout = _cast(flat.t() if n == 1 else flat)
@@ -114,7 +152,7 @@ def onednn_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> One
     its last dimension is 1, then ``mkldnn_gemm`` swaps again: oneDNN sees ``A @ B`` (``n == 1``: ``B^T @ A^T``).
     3-D: ``mkldnn_matmul`` takes ``batch1`` and ``batch2`` as they are."""
     if func is aten.linear.default:
-        return _linear_call(args[0], args[1])
+        return _linear_call(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias"))
     if func in (aten.mm.default, aten.bmm.default):
         a, b = args[0], args[1]
     elif func in (aten.addmm.default, aten.baddbmm.default, aten._addmm_activation.default):
@@ -261,7 +299,10 @@ def matmul_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], inf
     call = onednn_call(func, args, kwargs)
     if call is None or nthr not in MODELLED_THREADS:
         return None
-    return brgemm_scratchpad(call, nthr)
+    scratchpad = brgemm_scratchpad(call, nthr)
+    if scratchpad is None:
+        return None
+    return scratchpad + (linear_copies(args) if func is aten.linear.default else 0)
 
 
 def _rule(func: Any) -> Any:

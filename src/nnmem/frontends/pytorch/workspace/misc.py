@@ -31,9 +31,11 @@ def rule_linear(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, trainin
     otherwise). On an input of 3 or more dimensions whose leading dimensions do not fold into one
     (``x.transpose(1, 2)``), ``linear`` → ``matmul`` reshapes it into a contiguous copy before the product
     (aten/src/ATen/native/Linear.cpp ``linear``, LinearAlgebra.cpp ``_matmul_impl``); measured: the copy is the
-    input's bytes for 3-D and 4-D inputs, with and without bias."""
+    input's bytes for 3-D and 4-D float32 inputs, with and without bias. Not for bfloat16 and float16:
+    :mod:`.matmul` sizes oneDNN's copies (``linear_copies``), and ATen's own reduced-precision ``bmm`` reads the
+    strided input as it is (measured: no scratch, a batch-first recurrent layer's projection under autocast)."""
     x = args[0]
-    return 0 if x.dim() < 3 or _folds(x) else nbytes(x)
+    return 0 if x.dim() < 3 or _folds(x) or x.dtype in (torch.bfloat16, torch.float16) else nbytes(x)
 
 
 def rule_promoted_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,

@@ -231,7 +231,12 @@ def recurrent_note(func: Any, args: tuple[Any, ...], info: CpuInfo) -> str | Non
         return None
     kind = dtype_name(x.dtype)
     if func in (aten.mkldnn_rnn_layer.default, aten.mkldnn_rnn_layer_backward.default):
-        return None if x.dtype == torch.float32 else f"{kind} LSTM through oneDNN: {NOT_MODELLED}"
+        if x.dtype == torch.float32:
+            return None
+        # inference (train = False): the layer of rule_lstm_infer, reached one by one under autocast
+        if func is aten.mkldnn_rnn_layer.default and not bool(args[15]) and _bf16_lstm_modelled(x, info):
+            return None
+        return f"{kind} LSTM through oneDNN: {NOT_MODELLED}"
     if func in PACKED and batch_sizes_of(args[1]) is None:
         return (f"{kind} {func} over a PackedSequence: its batch sizes come from values the trace does not have: "
                 f"{NOT_MODELLED}")
