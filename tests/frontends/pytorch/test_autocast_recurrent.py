@@ -15,7 +15,8 @@ from torch import nn
 
 import nnmem
 from nnmem import cpu
-from nnmem.frontends.pytorch.measure import measure_step
+from nnmem.frontends.pytorch.measure import allocator_rise, measure_step
+from nnmem.frontends.pytorch.workspace import WorkspaceRules
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
 
 
@@ -121,3 +122,39 @@ def test_batched_linear_scratch_matches_measurement(torch_threads: Callable[[int
                               f"rule {r.predicted:,} B")
     assert not misses, "\n".join(misses)
     assert claimed >= (16 if bf16_modelled else 8)
+
+
+@pytest.mark.parametrize("trainable", [True, False])
+def test_linear_on_a_batch_first_view_without_a_dispatch_mode(trainable: bool,
+                                                             torch_threads: Callable[[int], None]) -> None:
+    """Without a dispatch mode (the step users run) ``matmul`` folds for a weight that requires a gradient: a
+    contiguous copy of the input and one 2-D product; a frozen weight takes ``bmm``. The allocator's rise
+    over the call, less its output, against the rules."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rng, misses, claimed = random.Random(13 if trainable else 14), [], 0
+    rules = WorkspaceRules()
+    for _ in range(8):
+        torch_threads(rng.choice(MODELLED_THREADS))
+        dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32])
+        batch, seq, k, n = rng.choice([2, 3, 8]), rng.choice([2, 7, 20]), rng.choice([8, 40]), rng.choice([96, 384])
+        x = torch.randn(batch, seq, k, dtype=dtype).transpose(0, 1)
+        w = torch.randn(n, k, dtype=dtype).requires_grad_(trainable)
+        b = torch.randn(n, dtype=dtype) if rng.random() < 0.5 else None
+        with torch.inference_mode():
+            out = nn.functional.linear(x, w, b)
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+                nn.functional.linear(x, w, b)
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                nn.functional.linear(x, w, b)
+            predicted = rules.workspace(torch.ops.aten.linear.default, (x, w, b), {}, out, False)
+        if rules.notes:  # a path no rule sizes on this CPU: noted, not claimed
+            rules = WorkspaceRules()
+            continue
+        claimed += 1
+        measured = allocator_rise(prof) - out.untyped_storage().nbytes()
+        if measured != predicted:
+            misses.append(f"{dtype} {list(x.shape)} @ {n} bias={b is not None}: measured {measured:,} B, "
+                          f"rule {predicted:,} B")
+    assert not misses, "\n".join(misses)
+    assert claimed >= 4

@@ -31,11 +31,15 @@ def test_bf16_native_recurrent_inference_scratch_matches_measurement(torch_threa
         torch_threads(rng.choice(MODELLED_THREADS))
         kind = rng.choice(["gru", "rnn_tanh", "rnn_relu"])
         i, h = rng.choice([3, 8, 17, 32, 64, 100]), rng.choice([4, 16, 33, 64, 128])
-        layers, bi = rng.choice([1, 1, 2, 3]), rng.random() < 0.4
+        layers, bi, first = rng.choice([1, 1, 2, 3]), rng.random() < 0.4, rng.random() < 0.4
         seq, batch = rng.choice([1, 2, 5, 12]), rng.choice([1, 2, 3, 8])
-        model = (nn.GRU(i, h, layers, bidirectional=bi) if kind == "gru" else
-                 nn.RNN(i, h, layers, nonlinearity=kind[4:], bidirectional=bi)).to(BF16)
-        x = torch.randn(seq, batch, i, dtype=BF16)
+        model = (nn.GRU(i, h, layers, bidirectional=bi, batch_first=first) if kind == "gru" else
+                 nn.RNN(i, h, layers, nonlinearity=kind[4:], bidirectional=bi, batch_first=first)).to(BF16)
+        x = torch.randn(batch, seq, i, dtype=BF16) if first else torch.randn(seq, batch, i, dtype=BF16)
+        # under measure_ops' dispatch mode a weight's view loses requires_grad and a batch-first projection
+        # takes bmm (matmul.linear_batched): frozen weights take it without the mode too; the trainable
+        # weights' path is checked without a mode (test_autocast_recurrent.py)
+        model.requires_grad_(not first)
 
         def step(model: nn.Module = model, x: torch.Tensor = x) -> None:
             with torch.inference_mode():
@@ -50,11 +54,13 @@ def test_bf16_native_recurrent_inference_scratch_matches_measurement(torch_threa
     assert claimed >= 25
 
 
-def test_bf16_batch_first_recurrent_inference_keeps_its_note() -> None:
+def test_bf16_batch_first_recurrent_inference_is_sized() -> None:
+    """A batch-first input's first projection is ``bmm`` over copies (matmul.py ``linear_copies``): sized, no
+    note (it was noted before)."""
     _require_modelled_cpu()
     model = nn.GRU(16, 32, batch_first=True).to(BF16)
     notes = nnmem.estimate(model, (torch.randn(4, 6, 16, dtype=BF16),), mode="infer").notes
-    assert any("matmuls inside" in n for n in notes), notes
+    assert not any("matmuls inside" in n for n in notes), notes
 
 
 def test_bf16_lstm_inference_scratch_is_at_most_a_kilobyte_high(torch_threads: Callable[[int], None]) -> None:

@@ -95,14 +95,19 @@ def _strict_folds(x: torch.Tensor) -> bool:
     return all(int(stride[i]) == int(stride[i + 1]) * int(shape[i + 1]) for i in range(x.dim() - 2))
 
 
-def linear_batched(x: Any, bias: Any) -> bool:
+def linear_batched(x: Any, weight: Any, bias: Any) -> bool:
     """Whether ``aten.linear`` on a 3-D input runs ``matmul``'s batched path: Linear.cpp flattens a contiguous
-    input with a bias (``_flatten_nd_linear``); otherwise ``matmul(x, weight.t())`` folds ``x`` to 2-D only when
-    ``should_fold`` holds (under ``inference_mode`` the weight's view does not require a gradient: measured the
-    same with and without), else expands the weight over ``x``'s first dimension and calls ``bmm``."""
+    input with a bias (``_flatten_nd_linear``); otherwise ``matmul(x, weight.t())`` folds ``x`` to 2-D (a copy
+    where its leading dimensions do not fold, :func:`.misc.rule_linear`) when ``should_fold`` holds — always
+    for a weight that requires a gradient (``t2->requires_grad()``), else where the strides fold — and
+    otherwise expands the weight over ``x``'s first dimension and calls ``bmm``. Measured without a dispatch
+    mode: under one (a profiler's op recorder, the tracker) the weight's view loses ``requires_grad`` and the
+    real kernel takes ``bmm`` for every weight. Under autocast the weight is a cast copy: ``bmm``."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         return False
     if bias is not None and x.is_contiguous():
+        return False
+    if isinstance(weight, torch.Tensor) and weight.requires_grad:
         return False
     return not _strict_folds(x)
 
@@ -113,7 +118,7 @@ def linear_copies(args: tuple[Any, ...]) -> int:
     an input that is not a dense batch (:func:`_batched`). Measured: batch-first projections, seeded draws."""
     x, w = args[0], args[1]
     bias = args[2] if len(args) > 2 else None
-    if not linear_batched(x, bias):
+    if not linear_batched(x, w, bias):
         return 0
     batch, k, n = int(x.shape[0]), int(x.shape[2]), int(w.shape[0])
     weight = batch * k * n * w.element_size()
@@ -122,20 +127,23 @@ def linear_copies(args: tuple[Any, ...]) -> int:
 
 def _linear_call(x: Any, w: Any, bias: Any = None) -> OnednnMatmul | None:
     """``aten.linear`` (whole under ``inference_mode``): Linear.cpp hands ``addmm`` / ``mm`` (``_flatten_nd_linear``
-    or ``matmul``'s fold) the input viewed as ``[-1, k]`` and ``weight.t()``; a 3-D input that does not fold
-    goes to ``bmm`` (:func:`linear_batched`) over contiguous copies. None for an input of more dimensions whose
-    leading ones do not fold (``matmul`` reshapes it first: not modelled)."""
+    or ``matmul``'s fold, over a copy where the input's leading dimensions do not fold) the input viewed as
+    ``[-1, k]`` and ``weight.t()``; a 3-D input that ``matmul`` does not fold goes to ``bmm``
+    (:func:`linear_batched`) over contiguous copies. None for an input of more dimensions that is not folded
+    (``matmul`` reshapes it into a batch first: not modelled)."""
     if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or x.dim() < 2 or w.dim() != 2:
         return None
     k, n = int(x.shape[-1]), int(w.shape[0])
-    if linear_batched(x, bias):
+    if linear_batched(x, w, bias):
         transposed = _batched(x) == "transposed"
         if transposed and int(x.shape[0]) == 1:  # measured between the plain and transposed scratchpads
             return None
         return OnednnMatmul(int(x.shape[1]), k, n, int(x.shape[0]), transposed)
-    if x.dim() > 2 and not _folds(x):
-        return None
     m = x.numel() // max(k, 1)
+    if x.dim() > 2 and not _folds(x):
+        if not w.requires_grad:
+            return None
+        return OnednnMatmul(m, k, n)  # should_fold: the contiguous copy (misc.rule_linear), row-major
     flat = x if x.dim() == 2 else x.reshape(-1, k)
     a_layout = _cast(flat.t() if n == 1 else flat)
     b_layout = _cast(w if n == 1 else w.t())

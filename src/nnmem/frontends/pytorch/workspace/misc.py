@@ -29,13 +29,15 @@ def _folds(x: Any) -> bool:
 def rule_linear(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
     """``aten.linear`` reaches the tracker whole only under ``inference_mode`` (autograd decomposes it
     otherwise). On an input of 3 or more dimensions whose leading dimensions do not fold into one
-    (``x.transpose(1, 2)``), ``linear`` → ``matmul`` reshapes it into a contiguous copy before the product
-    (aten/src/ATen/native/Linear.cpp ``linear``, LinearAlgebra.cpp ``_matmul_impl``); measured: the copy is the
-    input's bytes for 3-D and 4-D float32 inputs, with and without bias. Not for bfloat16 and float16:
-    :mod:`.matmul` sizes oneDNN's copies (``linear_copies``), and ATen's own reduced-precision ``bmm`` reads the
-    strided input as it is (measured: no scratch, a batch-first recurrent layer's projection under autocast)."""
-    x = args[0]
-    return 0 if x.dim() < 3 or _folds(x) or x.dtype in (torch.bfloat16, torch.float16) else nbytes(x)
+    (``x.transpose(0, 1)``), ``linear`` → ``matmul`` (aten/src/ATen/native/Linear.cpp ``linear``,
+    LinearAlgebra.cpp ``_matmul_impl``) folds it into a contiguous copy before a 2-D product where the weight
+    requires a gradient (``should_fold``); a frozen weight (or autocast's cast copy) takes ``bmm``, which
+    copies nothing on ATen's kernels (oneDNN's copies: :func:`.matmul.linear_copies`). Measured without a
+    dispatch mode, float32, float16 and bfloat16: the copy is the input's bytes, with and without bias."""
+    x, w = args[0], args[1]
+    if x.dim() < 3 or _folds(x) or not (isinstance(w, torch.Tensor) and w.requires_grad):
+        return 0
+    return nbytes(x)
 
 
 def rule_promoted_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool,

@@ -24,6 +24,8 @@ from nnmem.frontends.pytorch.workspace.matmul import (
     MODELLED_THREADS,
     OnednnMatmul,
     brgemm_scratchpad,
+    linear_batched,
+    matmul_scratch,
     onednn_matmul,
 )
 
@@ -70,13 +72,14 @@ def _direction(cell: _Cell, seq_len: int, batch: int, e: int, hh: int = 0) -> li
 
 
 def native_sequence(cell: _Cell, seq_len: int, batch: int, size: int, num_layers: int, dirs: int, e: int,
-                    copy_first: bool, matmul: MatmulScratch | None = None) -> list[int]:
+                    copy_first: bool, matmul: MatmulScratch | None = None, first: int | None = None) -> list[int]:
     """Signed allocation sizes of one ``_rnn_impl`` call (ATen RNN.cpp), in bytes, in order.
 
     ``linear_ih`` projects a whole layer input at once (T·B·G·H). The first layer's input is a transposed
     view under ``batch_first``; ``at::matmul`` folds it to 2-D for weights that require a gradient
     (``should_fold``), which copies it (T·B·I, freed after the product): ``copy_first``. ``matmul`` sizes the
-    projections' own scratch (oneDNN's bfloat16 matmuls: live after their output, freed with the call).
+    projections' own scratch (oneDNN's bfloat16 matmuls: live after their output, freed with the call);
+    ``first``, where given, the first layer's projection's instead (a batch-first input's batched product).
     """
     steps = seq_len * batch * cell.out * e  # one direction's stacked output
     last = batch * cell.out * e  # a direction's last step output: kept as its final hidden state
@@ -87,6 +90,8 @@ def native_sequence(cell: _Cell, seq_len: int, batch: int, size: int, num_layers
     for layer in range(num_layers):
         copy = seq_len * batch * size * e if copy_first and layer == 0 else 0
         ih = matmul(seq_len * batch, size, cell.gates) if matmul else 0
+        if layer == 0 and first is not None:
+            ih = first
         project = [copy, proj, ih, -ih, -copy]
         run = _direction(cell, seq_len, batch, e, hh)
         if dirs == 1:  # FullLayer: project, run, stack, free the steps and the projection
@@ -168,18 +173,15 @@ def _cell_of(params: list[torch.Tensor], hx: Any) -> _Cell:
     return _Cell(gates, hidden, hidden, False)
 
 
-def native_matmul_scratch(x: torch.Tensor, info: CpuInfo, seq_len: int, batch: int, batch_first: bool,
-                          copy_first: bool) -> MatmulScratch | None:
+def native_matmul_scratch(x: torch.Tensor, info: CpuInfo) -> MatmulScratch | None:
     """The scratch of the cells' ``at::linear`` matmuls where ATen sends them to oneDNN (bfloat16): each is an
     ``addmm`` of ``[m, k] @ [k, n]`` (a ``[T, B, k]`` projection folded to ``T·B`` rows) on ``brg_matmul``,
     sized by :func:`.matmul.brgemm_scratchpad`. None where that is not modelled here (another ISA or thread
-    count; a batch-first input, whose transposed projection measured well above the fold's); the note says so. Float32
-    and float16 run ATen's gemm: no scratch."""
+    count); the note says so. Float32 and float16 run ATen's gemm: no scratch. A batch-first input's first
+    projection does not fold: :func:`_first_projection`."""
     if x.dtype != torch.bfloat16 or not onednn_matmul(x.dtype, 1 << 30, 1, info):
         return lambda m, k, n: 0
     if info.isa != MODELLED_ISA or torch.get_num_threads() not in MODELLED_THREADS:
-        return None
-    if batch_first and seq_len > 1 and batch > 1:  # the transposed input's projection: measured otherwise
         return None
     nthr = torch.get_num_threads()
 
@@ -194,6 +196,21 @@ def native_matmul_scratch(x: torch.Tensor, info: CpuInfo, seq_len: int, batch: i
     return scratch
 
 
+def _first_projection(x: torch.Tensor, params: list[Any], has_biases: bool, info: CpuInfo) -> int | None:
+    """Scratch of ``linear_ih`` on a batch-first input's sequence-first view (``input.transpose(0, 1)``), where
+    it is not a 2-D product: ``matmul`` runs ``bmm`` over copies (:func:`.matmul.linear_copies`, measured op
+    by op in test_autocast_recurrent.py). None for a 2-D product (the fold's sizes apply); raises
+    :class:`_NotModelled` where the batched call is not modelled."""
+    view = x.transpose(0, 1)
+    bias = params[1] if has_biases else None
+    if not linear_batched(view, params[0], bias):
+        return None
+    size = matmul_scratch(aten.linear.default, (view, params[0], bias), {}, info)
+    if size is None:
+        raise _NotModelled
+    return size
+
+
 class _NotModelled(Exception):
     """A cell's matmul whose brgemm blocking the port refuses (oneDNN would pick another kernel)."""
 
@@ -203,22 +220,27 @@ def native_modelled(args: tuple[Any, ...], info: CpuInfo) -> bool:
     x, hx, params = args[0], args[1], args[2]
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         return True
-    batch_first = bool(args[8])
-    seq_len, batch = (int(x.shape[1]), int(x.shape[0])) if batch_first else (int(x.shape[0]), int(x.shape[1]))
-    copy_first = batch_first and bool(params[0].requires_grad) and seq_len > 1 and batch > 1
-    matmul = native_matmul_scratch(x, info, seq_len, batch, batch_first, copy_first)
+    matmul = native_matmul_scratch(x, info)
     if matmul is None:
         return False
     cell, size, dirs = _cell_of(params, hx), int(x.shape[2]), 2 if bool(args[7]) else 1
     if cell.lstm and x.dtype == torch.bfloat16:
         return False  # the projection's matmul inside the LSTM cell is not added here
+    seq_len, batch = _sequence_dims(x, bool(args[8]))
     try:
         matmul(batch, cell.out, cell.gates)
         for layer in range(int(args[4])):
             matmul(seq_len * batch, size if layer == 0 else dirs * cell.out, cell.gates)
+        if bool(args[8]) and x.dtype == torch.bfloat16:
+            _first_projection(x, params, bool(args[3]), info)
     except _NotModelled:
         return False
     return True
+
+
+def _sequence_dims(x: torch.Tensor, batch_first: bool) -> tuple[int, int]:
+    """(T, B) of a 3-D recurrent input."""
+    return (int(x.shape[1]), int(x.shape[0])) if batch_first else (int(x.shape[0]), int(x.shape[1]))
 
 
 def rule_native_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, training: bool, info: CpuInfo) -> int:
@@ -229,17 +251,21 @@ def rule_native_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, t
     bidirectional, batch_first = bool(args[7]), bool(args[8])
     if x.dim() != 3:
         return 0  # unbatched input: nn.RNNBase adds the batch dimension before the op, so 3-D always
-    seq_len, batch = (int(x.shape[1]), int(x.shape[0])) if batch_first else (int(x.shape[0]), int(x.shape[1]))
+    seq_len, batch = _sequence_dims(x, batch_first)
     cell = _cell_of(params, hx)
     copy_first = batch_first and bool(params[0].requires_grad) and seq_len > 1 and batch > 1
     # an LSTM's cells (projection matmuls) and blockings the matmul port refuses: not added (the note says so)
-    matmul = None if cell.lstm else native_matmul_scratch(x, info, seq_len, batch, batch_first, copy_first)
-    shape = (cell, seq_len, batch, int(x.shape[2]), num_layers, 2 if bidirectional else 1, x.element_size(),
-             copy_first)
+    matmul = None if cell.lstm else native_matmul_scratch(x, info)
+    first = None
     try:
-        seq = native_sequence(*shape, matmul)
+        if matmul is not None and batch_first and x.dtype == torch.bfloat16:
+            first = _first_projection(x, params, bool(args[3]), info)
+            copy_first = copy_first and first is None
+        seq = native_sequence(cell, seq_len, batch, int(x.shape[2]), num_layers, 2 if bidirectional else 1,
+                              x.element_size(), copy_first, matmul, first)
     except _NotModelled:
-        seq = native_sequence(*shape, None)
+        seq = native_sequence(cell, seq_len, batch, int(x.shape[2]), num_layers, 2 if bidirectional else 1,
+                              x.element_size(), copy_first, None)
     fresh = sum(nbytes(t) for t in out)
     return max(alloc_peak(seq) - fresh, 0)
 
