@@ -167,13 +167,7 @@ class PyTorchFrontend:
         if not request.set_to_none:
             trace.meta["zero_grad"] = "set_to_none=False"
         if request.precision is not None:
-            from nnmem.frontends.pytorch.precision import precision_dtype, recurrent_note
-
             trace.meta["precision"] = request.precision
-            kind, _, name = request.precision.partition(":")
-            note = recurrent_note(request.model, kind, precision_dtype(kind, name), request.mode)
-            if note is not None:
-                rules.notes_add(note)
         if rules.notes:  # kernel paths this CPU takes that no rule models: a CPU report says so
             trace.meta["unmodelled"] = "\n".join(rules.notes)
         return request, trace, notes

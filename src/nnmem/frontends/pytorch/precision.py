@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_map
 
 from nnmem.errors import ConfigError
 
-__all__ = ["DTYPES", "apply_precision", "describe_precision", "lowered", "precision_dtype", "recurrent_note"]
+__all__ = ["DTYPES", "apply_precision", "describe_precision", "lowered", "precision_dtype"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -55,26 +55,6 @@ def describe_precision(technique: str) -> str:
         return (f"forward under torch.autocast: float32 weights, gradients and optimizer state, matmuls and "
                 f"convolutions in {name}")
     return f"parameters, buffers, gradients and optimizer state in {name}"
-
-
-def recurrent_note(model: nn.Module, kind: str, dtype: torch.dtype, mode: str) -> str | None:
-    """Under CPU autocast, inference of ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` takes the
-    fused fast path (their check ``torch.is_autocast_enabled()`` asks about CUDA): one native kernel
-    (``_transformer_encoder_layer_fwd``, ``_native_multi_head_attention``) whose inner ops autocast casts, which
-    the trace cannot see (autocast is above the dispatch the trace runs in) and models in float32: not
-    modelled (measured: TransformerEncoder inference +15 %, estimated high). The recurrent layers' kernels are
-    composites of ATen ops: the tracker runs them op by op under autocast (tracker.py), no note. In training
-    every layer's ops are traced one by one."""
-    fused = [type(m).__name__ for m in model.modules()
-             if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.MultiheadAttention))]
-    if kind != "autocast" or mode != "infer" or not fused:
-        return None
-    from nnmem.cpu import describe
-
-    name = str(dtype).replace("torch.", "")
-    return (f"{name} inference of {', '.join(sorted(set(fused)))} under torch.autocast (ISA {describe().isa}): "
-            f"the layer runs as one kernel whose inner casts the trace does not see; {name} inside is not "
-            f"modelled and the estimate may be higher or lower")
 
 
 def _autocast_forward(forward: Callable[..., Any], dtype: torch.dtype, *args: Any, **kwargs: Any) -> Any:

@@ -18,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from nnmem.frontends.pytorch import fused
 from nnmem.trace import Block, Category, LayerInfo, Op, Phase, Trace
 
 __all__ = ["OpRules", "StepTracker"]
@@ -34,6 +35,10 @@ class OpRules(Protocol):
     def output_bytes(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      out: Any) -> list[int] | None:
         """True storage bytes of each output tensor (flatten order) where the fake kernel's differ."""
+        ...
+
+    def notes_add(self, note: str) -> None:
+        """Record a kernel path the trace takes that no rule models."""
         ...
 
     # Optional: ``fake_outputs(func, args, kwargs, out) -> out`` gives the op's outputs with the storage
@@ -145,8 +150,15 @@ class StepTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func in _AUTOCAST_COMPOSITES and self._autocast and self._autocast[-1] and torch.is_inference_mode_enabled():
+        autocast = bool(self._autocast and self._autocast[-1])
+        if func in _AUTOCAST_COMPOSITES and autocast and torch.is_inference_mode_enabled():
             return self._decompose_under_autocast(func, args, kwargs)
+        if func in _FUSED:
+            if fused.applies(func, args, autocast):
+                return self._replay_fused(func, args, kwargs, autocast)
+            if autocast and self._rules is not None:
+                self._rules.notes_add(f"{func} under torch.autocast on a nested or strided input: its inner "
+                                      f"casts are not modelled and the estimate may be higher or lower")
         out = func(*args, **kwargs)
         rules = self._rules
         fix = getattr(rules, "fake_outputs", None)
@@ -187,6 +199,20 @@ class StepTracker(TorchDispatchMode):
                 return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
         finally:
             torch.set_autocast_enabled("cpu", False)
+
+    def _replay_fused(self, func: Any, args: Any, kwargs: dict[str, Any], autocast: bool) -> Any:
+        """Run a fused transformer kernel's replica (:mod:`.fused`) op by op under this tracker; the encoder
+        layer's inner calls with autocast on where its module saw it on (the attention kernel's are below
+        autocast's cast, as in the real run)."""
+        encoder = func is not _FUSED_MHA
+        if encoder and autocast:
+            torch.set_autocast_enabled("cpu", True)
+        try:
+            with self:
+                return fused.run(func, args, kwargs)
+        finally:
+            if encoder and autocast:
+                torch.set_autocast_enabled("cpu", False)
 
     def _register(self, tensor: torch.Tensor, category: Category | None, layer: str, phase: Phase,
                   index: int, nbytes: int | None = None) -> int:
@@ -274,6 +300,8 @@ class StepTracker(TorchDispatchMode):
 
 
 _ADD = torch.ops.aten.add.Tensor
+_FUSED_MHA = torch.ops.aten._native_multi_head_attention.default
+_FUSED = frozenset({_FUSED_MHA, torch.ops.aten._transformer_encoder_layer_fwd.default})
 _AUTOCAST_COMPOSITES = frozenset(getattr(getattr(torch.ops.aten, name), overload)
                                  for name in ("gru", "rnn_tanh", "rnn_relu", "lstm") for overload in ("input", "data"))
 

@@ -161,7 +161,7 @@ def onednn_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> One
     3-D: ``mkldnn_matmul`` takes ``batch1`` and ``batch2`` as they are."""
     if func is aten.linear.default:
         return _linear_call(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias"))
-    if func in (aten.mm.default, aten.bmm.default):
+    if func in (aten.mm.default, aten.bmm.default, aten.bmm.out):
         a, b = args[0], args[1]
     elif func in (aten.addmm.default, aten.baddbmm.default, aten._addmm_activation.default):
         a, b = args[1], args[2]
@@ -320,13 +320,14 @@ def _rule(func: Any) -> Any:
     return rule
 
 
-WORKSPACE = {op: _rule(op) for op in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+WORKSPACE = {op: _rule(op) for op in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.bmm.out,
+                                      aten.baddbmm.default,
                                       aten._addmm_activation.default, aten.linear.default)}
 
 
 def _matmul_operands(func: Any, args: tuple[Any, ...]) -> tuple[torch.Tensor, int] | None:
     """The left operand of a matmul op and the right one's last dimension."""
-    if func in (aten.mm.default, aten.bmm.default, aten.matmul.default):
+    if func in (aten.mm.default, aten.bmm.default, aten.bmm.out, aten.matmul.default):
         a, b = args[0], args[1]
     elif func in (aten.addmm.default, aten.baddbmm.default, aten.addbmm.default, aten._addmm_activation.default):
         a, b = args[1], args[2]
@@ -345,5 +346,6 @@ def matmul_note(func: Any, args: tuple[Any, ...], info: CpuInfo, kwargs: dict[st
     modelled by :func:`matmul_scratch`)."""
     if matmul_scratch(func, args, kwargs or {}, info) is not None:
         return None
-    a = args[0] if func in (aten.mm.default, aten.bmm.default, aten.matmul.default, aten.linear.default) else args[1]
+    a = (args[0] if func in (aten.mm.default, aten.bmm.default, aten.bmm.out, aten.matmul.default, aten.linear.default)
+         else args[1])
     return f"{dtype_name(a.dtype)} matmul through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
