@@ -129,8 +129,8 @@ def test_note_stays_where_not_modelled() -> None:
         assert note_for(mm, (a, b), {}, other) is not None
     half = cpu.CpuInfo(model="test", arch="x86_64", flags=(), isa="avx512_core_amx_fp16")
     assert note_for(mm, (a.half(), b.half()), {}, half) is not None
-    wide = torch.zeros(64, 128, dtype=BF16)[:, :64]  # padded rows: ATen clones it first
-    assert note_for(mm, (wide, b), {}, modelled) is not None
+    padded_columns = torch.zeros(64, 128, dtype=BF16)[:, :64].t()  # column-major with a padded leading dimension
+    assert note_for(mm, (padded_columns, b), {}, modelled) is not None
     if torch.backends.mkldnn.is_available():
         with _threads(max(MODELLED_THREADS) + 1):
             assert note_for(mm, (a, b), {}, modelled) is not None
@@ -152,3 +152,27 @@ def test_bf16_mlp_estimate_matches_measurement(mode: str) -> None:
     assert not any("matmul" in n for n in estimate.notes), estimate.notes
     e, m = estimate.peaks["allocator"], measured.peaks["allocator"]
     assert abs(e - m) <= 0.005 * m, f"estimated {e:,} B, measured {m:,} B ({(e - m) / m:+.2%})"
+
+
+def test_a_padded_leading_dimension_books_the_dense_scratchpad(torch_threads: Callable[[int], None]) -> None:
+    """``x[:, 0]`` of a ``[B, T, D]`` activation (a classifier's first token) reaches ``addmm`` with a padded
+    leading dimension; oneDNN takes it as it is, with the dense operand's scratchpad (it was noted before)."""
+    rng, checked = random.Random(21), 0
+    for _ in range(10):
+        threads = rng.choice(MODELLED_THREADS)
+        _require_modelled_cpu(threads)
+        torch_threads(threads)
+        m, k, n, pad = rng.choice([2, 8, 33, 64]), rng.choice([32, 128, 200]), rng.choice([64, 128, 384]), 9
+        x = torch.randn(m, pad, k, dtype=BF16)[:, 0]
+        w, b = torch.randn(n, k, dtype=BF16, requires_grad=True), torch.randn(n, dtype=BF16, requires_grad=True)
+
+        def step(x: torch.Tensor = x, w: torch.Tensor = w, b: torch.Tensor = b) -> None:
+            with torch.inference_mode():
+                F.linear(x, w, b)
+
+        row = next(r for r in calibrate.measure_ops(step, training=False) if r.name == "aten.linear.default")
+        if row.scratch == 0:
+            continue  # a product small enough for ATen's own gemm
+        assert row.note is None and row.predicted == row.scratch, (threads, m, k, n, row)
+        checked += 1
+    assert checked >= 6
