@@ -151,8 +151,9 @@ class StepTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         autocast = bool(self._autocast and self._autocast[-1])
-        if func in _AUTOCAST_COMPOSITES and autocast and torch.is_inference_mode_enabled():
-            return self._decompose_under_autocast(func, args, kwargs)
+        if (func in _AUTOCAST_COMPOSITES and torch.is_inference_mode_enabled()
+                and (autocast or _projected_bf16_lstm(func, args))):
+            return self._decompose(func, args, kwargs, autocast)
         if func in _FUSED:
             if fused.applies(func, args, autocast):
                 return self._replay_fused(func, args, kwargs, autocast)
@@ -183,9 +184,11 @@ class StepTracker(TorchDispatchMode):
                 self._adds.append((index, out_block, self.block_of(args[0]), self.block_of(args[1])))
         return out
 
-    def _decompose_under_autocast(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    def _decompose(self, func: Any, args: Any, kwargs: dict[str, Any], autocast: bool) -> Any:
         """Run a recurrent layer's CPU kernel (a composite of ATen ops, aten/src/ATen/native/RNN.cpp) op by op
-        under this tracker, as autocast sees it in the real run.
+        under this tracker: under autocast, as autocast sees it in the real run; a bfloat16 LSTM with
+        projections, so that each cell's products (``linear``, the projection's ``matmul``) get oneDNN's rules,
+        which the layer's replay (workspace/rnn_native.py) does not size.
 
         The dispatcher hands an op to a dispatch mode with the keys above it excluded, autocast's among them;
         the real kernel's inner ``linear`` / ``mkldnn_rnn_layer`` calls go through autocast from the top and
@@ -193,7 +196,7 @@ class StepTracker(TorchDispatchMode):
         cells' float32 hidden states meet the cast gates. Seen as one op the layer was traced in float32
         inside: a GRU classifier's bfloat16 inference 27 % low. The layer's own module hook recorded whether
         autocast was on where it called the op."""
-        torch.set_autocast_enabled("cpu", True)
+        torch.set_autocast_enabled("cpu", autocast)
         try:  # the C++ kernel, not torch._decomp's functional Python one (OpOverload.decompose prefers that)
             with self:
                 return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
@@ -304,6 +307,15 @@ _FUSED_MHA = torch.ops.aten._native_multi_head_attention.default
 _FUSED = frozenset({_FUSED_MHA, torch.ops.aten._transformer_encoder_layer_fwd.default})
 _AUTOCAST_COMPOSITES = frozenset(getattr(getattr(torch.ops.aten, name), overload)
                                  for name in ("gru", "rnn_tanh", "rnn_relu", "lstm") for overload in ("input", "data"))
+
+
+def _projected_bf16_lstm(func: Any, args: Any) -> bool:
+    """An ``lstm`` call in bfloat16 with projections (h0 narrower than c0): ATen runs it on its native cells."""
+    if func not in (torch.ops.aten.lstm.input, torch.ops.aten.lstm.data):
+        return False
+    x, hx = args[0], args[1] if func is torch.ops.aten.lstm.input else args[2]
+    return (isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 and isinstance(hx, (list, tuple))
+            and len(hx) == 2 and hx[0].shape[-1] != hx[1].shape[-1])
 
 
 def _is_accumulation(func: Any, args: Any, kwargs: dict[str, Any], fresh: list[Any]) -> bool:

@@ -165,6 +165,10 @@ def onednn_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> One
         return _linear_call(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias"))
     if func in (aten.mm.default, aten.bmm.default, aten.bmm.out):
         a, b = args[0], args[1]
+    elif func is aten.matmul.default:  # whole under inference_mode; two matrices: Tensor::mm (LinearAlgebra.cpp)
+        a, b = args[0], args[1]
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() != 2 or b.dim() != 2:
+            return None
     elif func in (aten.addmm.default, aten.baddbmm.default, aten._addmm_activation.default):
         a, b = args[1], args[2]
         if float(kwargs.get("alpha", args[4] if len(args) > 4 else 1)) != 1.0:
@@ -323,7 +327,7 @@ def _rule(func: Any) -> Any:
 
 
 WORKSPACE = {op: _rule(op) for op in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.bmm.out,
-                                      aten.baddbmm.default,
+                                      aten.baddbmm.default, aten.matmul.default,
                                       aten._addmm_activation.default, aten.linear.default)}
 
 
