@@ -67,16 +67,16 @@ class OnednnMatmul:
 def _cast(t: torch.Tensor) -> str | None:
     """How ``addmm_impl_cpu_`` casts a 2-D operand ``[rows, cols]`` of the row-major product: ``"plain"`` when
     ``stride(1) == 1`` and ``stride(0) >= max(1, cols)``, else ``"transposed"`` when ``stride(0) == 1`` and
-    ``stride(1) >= max(1, rows)``, else None (a contiguous clone). A row-major operand with a padded leading
-    dimension (``x[:, 0]`` of a ``[B, T, D]`` activation: a classifier's first token) goes to oneDNN with its
-    ``lda`` and books the dense operand's scratchpad (measured: 16 seeded draws, 1-4 threads, equal); a padded
-    column-major one is not modelled (None)."""
+    ``stride(1) >= max(1, rows)``, else None (a contiguous clone). An operand with a padded leading dimension
+    (``x[:, 0]`` of a ``[B, T, D]`` activation: a classifier's first token; one direction's slice of a
+    bidirectional output, transposed in backward) goes to oneDNN with its ``lda`` and books the dense operand's
+    scratchpad (measured: 16 row-major and 14 column-major seeded draws, 1-4 threads, equal)."""
     rows, cols = int(t.shape[0]), int(t.shape[1])
     s_rows, s_cols = int(t.stride(0)), int(t.stride(1))
     if s_cols == 1 and s_rows >= max(1, cols):
         return "plain"
     if s_rows == 1 and s_cols >= max(1, rows):
-        return "transposed" if cols == 1 or s_cols == rows else None
+        return "transposed"
     return None
 
 
