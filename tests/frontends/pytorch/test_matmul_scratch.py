@@ -200,3 +200,30 @@ def test_a_padded_column_major_operand_books_the_dense_scratchpad(torch_threads:
         assert row.note is None and row.predicted == row.scratch, (threads, m, k, n, row)
         checked += 1
     assert checked >= 5
+
+
+def test_strided_batch_operands_are_copied_then_multiplied(torch_threads: Callable[[int], None]) -> None:
+    """``nn.MultiheadAttention`` splits its projection into heads as strided slices; ``mkldnn_matmul`` copies a
+    batch operand that is not a dense batch, then runs the dense product (it was noted before)."""
+    rng, checked = random.Random(23), 0
+    for _ in range(12):
+        threads = rng.choice(MODELLED_THREADS)
+        _require_modelled_cpu(threads)
+        torch_threads(threads)
+        batch, steps = rng.choice([1, 2, 4]), rng.choice([7, 25, 64])
+        dim, heads = rng.choice([8, 32]), rng.choice([1, 2])
+        proj = torch.randn(steps, batch, 2 * dim, dtype=BF16)
+        q = proj[..., :dim].reshape(steps, batch * heads, dim // heads).transpose(0, 1)
+        k = proj[..., dim:].reshape(steps, batch * heads, dim // heads).transpose(0, 1)
+        scores = rng.random() < 0.5
+
+        def step(q: torch.Tensor = q, k: torch.Tensor = k, scores: bool = scores) -> None:
+            with torch.inference_mode():
+                torch.bmm(q, k.transpose(1, 2)) if scores else torch.bmm(torch.bmm(q, k.transpose(1, 2)), k)
+
+        for row in calibrate.measure_ops(step, training=False):
+            if row.name != "aten.bmm.default" or row.scratch == 0:
+                continue
+            assert row.note is None and row.predicted == row.scratch, (threads, batch, steps, dim, heads, row)
+            checked += 1
+    assert checked >= 8

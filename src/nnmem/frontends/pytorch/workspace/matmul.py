@@ -160,7 +160,8 @@ def onednn_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> One
 
     2-D: ``addmm_impl_cpu_`` computes the fresh row-major result as ``C^T = B^T A^T`` (``transpose_c``) unless
     its last dimension is 1, then ``mkldnn_gemm`` swaps again: oneDNN sees ``A @ B`` (``n == 1``: ``B^T @ A^T``).
-    3-D: ``mkldnn_matmul`` takes ``batch1`` and ``batch2`` as they are."""
+    3-D: ``mkldnn_matmul`` takes ``batch1`` and ``batch2`` as they are where ``is_mkldnn_optimized_format``
+    holds, else a contiguous copy (:func:`bmm_copies`)."""
     if func is aten.linear.default:
         return _linear_call(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias"))
     if func in (aten.mm.default, aten.bmm.default, aten.bmm.out):
@@ -178,11 +179,8 @@ def onednn_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> One
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() != b.dim():
         return None
     m, k, n = int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
-    if a.dim() == 3:  # Matmul.cpp is_mkldnn_optimized_format, else a contiguous copy
-        a_layout, b_layout = _batched(a), _batched(b)
-        if a_layout is None or b_layout is None:
-            return None
-        return OnednnMatmul(m, k, n, int(a.shape[0]), a_layout == "transposed")
+    if a.dim() == 3:  # Matmul.cpp is_mkldnn_optimized_format, else a contiguous copy (bmm_copies)
+        return OnednnMatmul(m, k, n, int(a.shape[0]), _batched(a) == "transposed")
     if a.dim() != 2:
         return None
     if n == 1:  # result [m, 1] is column-major too: no transpose_c; the casts see the operands transposed
@@ -192,6 +190,21 @@ def onednn_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> One
     if a_layout is None or b_layout is None:
         return None
     return OnednnMatmul(m, k, n, 1, a_layout == "transposed")
+
+
+def bmm_copies(func: Any, args: tuple[Any, ...]) -> int:
+    """Bytes of the contiguous copies ``mkldnn_matmul`` makes of the batch operands that are not dense batches
+    (Matmul.cpp ``is_mkldnn_optimized_format``: ``mat.contiguous()``), live with the scratchpad: the heads of
+    ``nn.MultiheadAttention``'s projections are strided slices (batch stride E / H, row stride B·E)."""
+    if func in (aten.bmm.default, aten.bmm.out):
+        a, b = args[0], args[1]
+    elif func is aten.baddbmm.default:
+        a, b = args[1], args[2]
+    else:
+        return 0
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() != 3:
+        return 0
+    return sum(nbytes(t) for t in (a, b) if _batched(t) is None)
 
 
 def _div_up(a: int, b: int) -> int:
@@ -316,7 +329,7 @@ def matmul_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], inf
     scratchpad = brgemm_scratchpad(call, nthr)
     if scratchpad is None:
         return None
-    return scratchpad + (linear_copies(args) if func is aten.linear.default else 0)
+    return scratchpad + (linear_copies(args) if func is aten.linear.default else bmm_copies(func, args))
 
 
 def _rule(func: Any) -> Any:
