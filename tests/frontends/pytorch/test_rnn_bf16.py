@@ -14,6 +14,7 @@ from torch import nn
 
 import nnmem
 from nnmem import cpu
+from nnmem.frontends.pytorch.workspace import lstm_workspace_bytes
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
 
 BF16 = torch.bfloat16
@@ -89,3 +90,24 @@ def test_bf16_lstm_inference_scratch_is_at_most_a_kilobyte_high(torch_threads: C
                                f"{r.scratch:,} B, rule {r.predicted:,} B")
     assert not off, "\n".join(off)
     assert seen >= 25
+
+
+def test_bf16_lstm_training_workspace_output_has_its_real_size() -> None:
+    """``mkldnn_rnn_layer``'s training workspace (an output, saved for backward) in bfloat16: 2-byte gates, states
+    and cell states, float32 diff sections (the meta kernel's is far smaller; rnn.lstm_workspace_bytes)."""
+    if not torch.backends.mkldnn.is_available() or not cpu.describe().onednn_bf16:
+        pytest.skip("no bfloat16 LSTM through oneDNN on this CPU")
+    rng, misses = random.Random(4), []
+    for _ in range(8):
+        seq, batch = rng.choice([1, 5, 14, 28]), rng.choice([1, 3, 7])
+        size, hidden = rng.choice([12, 39, 200]), rng.choice([16, 77, 128])
+        x = torch.randn(seq, batch, size, dtype=BF16)
+        w_ih, w_hh = torch.randn(4 * hidden, size, dtype=BF16), torch.randn(4 * hidden, hidden, dtype=BF16)
+        b_ih, b_hh = torch.randn(4 * hidden, dtype=BF16), torch.randn(4 * hidden, dtype=BF16)
+        h0, c0 = torch.zeros(batch, hidden, dtype=BF16), torch.zeros(batch, hidden, dtype=BF16)
+        out = torch.ops.aten.mkldnn_rnn_layer(x, w_ih, w_hh, b_ih, b_hh, h0, c0, False, [seq], 2, hidden, 1, True,
+                                              False, False, True)
+        real, rule = out[3].untyped_storage().nbytes(), lstm_workspace_bytes(seq, batch, size, hidden, 2)
+        if real != rule:
+            misses.append(f"T{seq} B{batch} I{size} H{hidden}: real {real:,} B, rule {rule:,} B")
+    assert not misses, "\n".join(misses)
