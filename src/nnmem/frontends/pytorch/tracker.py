@@ -196,26 +196,16 @@ class StepTracker(TorchDispatchMode):
         cells' float32 hidden states meet the cast gates. Seen as one op the layer was traced in float32
         inside: a GRU classifier's bfloat16 inference 27 % low. The layer's own module hook recorded whether
         autocast was on where it called the op."""
-        torch.set_autocast_enabled("cpu", autocast)
-        try:  # the C++ kernel, not torch._decomp's functional Python one (OpOverload.decompose prefers that)
-            with self:
-                return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
-        finally:
-            torch.set_autocast_enabled("cpu", False)
+        # the C++ kernel, not torch._decomp's functional Python one (OpOverload.decompose prefers that)
+        with _cpu_autocast(autocast), self:
+            return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
 
     def _replay_fused(self, func: Any, args: Any, kwargs: dict[str, Any], autocast: bool) -> Any:
         """Run a fused transformer kernel's replica (:mod:`.fused`) op by op under this tracker; the encoder
         layer's inner calls with autocast on where its module saw it on (the attention kernel's are below
         autocast's cast, as in the real run)."""
-        encoder = func is not _FUSED_MHA
-        if encoder and autocast:
-            torch.set_autocast_enabled("cpu", True)
-        try:
-            with self:
-                return fused.run(func, args, kwargs)
-        finally:
-            if encoder and autocast:
-                torch.set_autocast_enabled("cpu", False)
+        with _cpu_autocast(autocast and func is not _FUSED_MHA), self:
+            return fused.run(func, args, kwargs)
 
     def _register(self, tensor: torch.Tensor, category: Category | None, layer: str, phase: Phase,
                   index: int, nbytes: int | None = None) -> int:
@@ -307,6 +297,19 @@ _FUSED_MHA = torch.ops.aten._native_multi_head_attention.default
 _FUSED = frozenset({_FUSED_MHA, torch.ops.aten._transformer_encoder_layer_fwd.default})
 _AUTOCAST_COMPOSITES = frozenset(getattr(getattr(torch.ops.aten, name), overload)
                                  for name in ("gru", "rnn_tanh", "rnn_relu", "lstm") for overload in ("input", "data"))
+
+
+@contextmanager
+def _cpu_autocast(enabled: bool) -> Iterator[None]:
+    """Autocast's key re-included inside the block where ``enabled`` (a dispatch mode runs with it excluded)."""
+    if not enabled:
+        yield
+        return
+    torch.set_autocast_enabled("cpu", True)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cpu", False)
 
 
 def _projected_bf16_lstm(func: Any, args: Any) -> bool:
