@@ -145,7 +145,8 @@ def _linear_call(x: Any, w: Any, bias: Any = None) -> OnednnMatmul | None:
     if x.dim() > 2 and not _folds(x):
         if not w.requires_grad:
             return None
-        return OnednnMatmul(m, k, n)  # should_fold: the contiguous copy (misc.rule_linear), row-major
+        # should_fold: a row-major contiguous copy (misc.rule_linear), then the 2-D product
+        return OnednnMatmul(1, k, m) if n == 1 else OnednnMatmul(m, k, n)
     flat = x if x.dim() == 2 else x.reshape(-1, k)
     a_layout = _cast(flat.t() if n == 1 else flat)
     b_layout = _cast(w if n == 1 else w.t())
