@@ -256,16 +256,13 @@ def rule_native_infer(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, t
     copy_first = batch_first and bool(params[0].requires_grad) and seq_len > 1 and batch > 1
     # an LSTM's cells (projection matmuls) and blockings the matmul port refuses: not added (the note says so)
     matmul = None if cell.lstm else native_matmul_scratch(x, info)
-    first = None
+    shape = (cell, seq_len, batch, int(x.shape[2]), num_layers, 2 if bidirectional else 1, x.element_size(),
+             copy_first)  # copy_first (trainable weights: the fold) and a batched first projection exclude each other
     try:
-        if matmul is not None and batch_first and x.dtype == torch.bfloat16:
-            first = _first_projection(x, params, bool(args[3]), info)
-            copy_first = copy_first and first is None
-        seq = native_sequence(cell, seq_len, batch, int(x.shape[2]), num_layers, 2 if bidirectional else 1,
-                              x.element_size(), copy_first, matmul, first)
+        batched = matmul is not None and batch_first and x.dtype == torch.bfloat16
+        seq = native_sequence(*shape, matmul, _first_projection(x, params, bool(args[3]), info) if batched else None)
     except _NotModelled:
-        seq = native_sequence(cell, seq_len, batch, int(x.shape[2]), num_layers, 2 if bidirectional else 1,
-                              x.element_size(), copy_first, None)
+        seq = native_sequence(*shape, None)
     fresh = sum(nbytes(t) for t in out)
     return max(alloc_peak(seq) - fresh, 0)
 
