@@ -78,3 +78,22 @@ def test_a_step_without_overlap_has_no_range(zoo_step: Callable[..., Any]) -> No
     report = report_from_trace(trace_step(zoo_step("keras_mlp", "train"), meta={}), source="estimate", model="m",
                                device="cpu")
     assert report.peak_range is None
+
+
+def test_mixed_precision_convolution_fusions_are_noted(zoo_step: Callable[..., Any]) -> None:
+    """Under mixed_bfloat16 XLA:CPU rounds a convolution's intermediates inside a YNNPACK fusion, which then keeps
+    some of them whole (keras_separable_cnn inference measured 4,757,628 B against a 3,535,745 B estimate,
+    ``docs/backends/keras-jax.md``): the estimate says it does not size them; the float32 step has no such note."""
+    import keras
+
+    from nnmem.frontends.keras.common import prepare
+
+    plain = trace_step(zoo_step("keras_separable_cnn", "infer"), meta={})
+    assert "YNNPACK" not in str(plain.meta.get("unmodelled", ""))
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model, x, y, loss = FACTORIES["keras_separable_cnn"](8)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    rounded = trace_step(prepare(model, x, y, mode="infer", optimizer=None, loss=loss), meta={})
+    assert "YNNPACK fusion(s) round convolutions' values to 16 bits" in str(rounded.meta["unmodelled"])

@@ -28,7 +28,12 @@ from nnmem.frontends.keras.common import (
     resident_variables,
 )
 from nnmem.frontends.keras.jax import hlo
-from nnmem.frontends.keras.jax.scratch import Workspace, fusion_workspace, runtime_bookkeeping
+from nnmem.frontends.keras.jax.scratch import (
+    Workspace,
+    fusion_workspace,
+    rounded_convolution_fusions,
+    runtime_bookkeeping,
+)
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
 __all__ = ["trace_step", "gemm_workspace", "backend_meta", "state_variables", "step_data", "variable_blocks"]
@@ -153,9 +158,18 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], gpu: tuple[int, int]
             "inputs_bytes": sum(array_nbytes(a) for a in data),
             "xla.max_conv_scratch_bytes": scratch.largest, "xla.conv_workspace_bytes": scratch.high,
             "xla.conv_workspace_low_bytes": scratch.low, "xla.runtime_bookkeeping_bytes": bookkeeping, **spread}
+    unmodelled = []
     if _integer_dots(module):
-        meta["unmodelled"] = ("not modelled: integer dots (Keras's int8 matmul: s8 x s8 -> s32) run XLA's own "
-                              "contraction, whose packing buffers are not modelled; the allocator level may be higher")
+        unmodelled.append("not modelled: integer dots (Keras's int8 matmul: s8 x s8 -> s32) run XLA's own "
+                          "contraction, whose packing buffers are not modelled; the allocator level may be higher")
+    rounded = rounded_convolution_fusions(module)
+    if rounded and gpu is None:
+        unmodelled.append(f"not modelled: {len(rounded)} YNNPACK fusion(s) round convolutions' values to 16 bits "
+                          "(a mixed-precision policy on XLA:CPU); YNNPACK keeps some of those intermediates whole, "
+                          "which the scratch rules do not size: the allocator level may be higher "
+                          "(docs/backends/keras-jax.md)")
+    if unmodelled:
+        meta["unmodelled"] = "\n".join(unmodelled)
     return Trace("keras-jax", step.mode, tuple(blocks), ops, layer_infos(step.model), meta)
 
 
