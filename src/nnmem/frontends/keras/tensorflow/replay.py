@@ -54,6 +54,21 @@ class _Buf:
     var: str = ""  # a read of this variable (its handle's tensor name), or a view of one
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What the replay needs of one op that does not depend on the order it runs in, read from the graph once:
+    TensorFlow's Python accessors (``op.inputs``, ``t.name``, ``t.shape``) cost more than the replay itself, and a
+    step's range replays the same ops in some 70 orders."""
+
+    type: str
+    memory: Memory  # where its outputs live (scratch.rule_of)
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    workspace: tuple[int, int]  # (rise, high): Replay._workspace
+    out_bytes: tuple[int, ...]  # bytes each output would allocate as a new buffer
+    update_bytes: int  # bytes of the value an in-place variable update writes (0 for other ops)
+
+
 class Replay:
     """Replays one graph: which op allocates which buffer and after which op each buffer dies.
 
@@ -77,9 +92,13 @@ class Replay:
             adopts (an order where an optimizer's update overtakes the backward op that still reads the weight).
     """
 
-    def __init__(self, functions: dict[str, Any], *, kernel_scratch: bool = True) -> None:
+    def __init__(self, functions: dict[str, Any], *, kernel_scratch: bool = True,
+                 facts: dict[Any, _Facts] | None = None) -> None:
+        """``facts``: a cache of each op's order-independent facts, shared by replays of the same graph (and the same
+        ``kernel_scratch``); filled as ops are met."""
         self.functions = functions
         self.kernel_scratch = kernel_scratch  # False on a GPU: the CPU kernels' scratch rules do not apply
+        self.facts = facts if facts is not None else {}
         self.sizes: list[int] = []
         self.alloc_at: list[int] = []
         self.free_at: list[int] = []
@@ -104,35 +123,37 @@ class Replay:
                 before the next starts.
         """
         end = end_at if end_at is not None else range(len(ops))
+        facts = [self._facts(op) for op in ops]
         consumers: dict[str, int] = dict.fromkeys(keep, 1)
-        for op in ops:
-            for t in op.inputs:
-                consumers[t.name] = consumers.get(t.name, 0) + 1
+        for f in facts:
+            for name in f.inputs:
+                consumers[name] = consumers.get(name, 0) + 1
         bufs: dict[str, _Buf] = {}
         copies: list[tuple[int, list[_Buf]]] = []
-        for index, op in enumerate(ops):
+        for index, (op, f) in enumerate(zip(ops, facts)):
             phase, layer = where[index]
-            workspace, high = self._workspace(op)
-            ins = [bufs.get(t.name) for t in op.inputs]
-            if op.type == "AssignVariableOp" and len(ins) > 1:
+            workspace, high = f.workspace
+            ins = [bufs.get(name) for name in f.inputs]
+            if f.type == "AssignVariableOp" and len(ins) > 1:
                 value = ins[1]
                 if value is not None and value.owned and value.holders == 1 and value.block >= 0:
-                    self.adopted.append((index, value.block, op.inputs[0].name))
-            elif op.type in _UPDATES and len(op.inputs) > 1:
-                self._copy_on_write(op, index, layer, copies)
-            for k, t in enumerate(op.outputs):
-                bufs[t.name] = self._output(op, k, t, ins, consumers.get(t.name, 0), index, layer, external)
+                    self.adopted.append((index, value.block, f.inputs[0]))
+            elif f.type in _UPDATES and len(f.inputs) > 1:
+                self._copy_on_write(f, index, layer, copies)
+            outs = [self._output(f, k, name, ins, consumers.get(name, 0), index, layer, external)
+                    for k, name in enumerate(f.outputs)]
+            bufs.update(zip(f.outputs, outs))
             for buf in ins:
                 if buf is not None:
                     buf.holders -= 1
                     buf.until = max(buf.until, end[index])
                     self._maybe_free(buf)
-            for t in op.outputs:
-                bufs[t.name].until = max(bufs[t.name].until, end[index])
-                self._maybe_free(bufs[t.name])
+            for out in outs:
+                out.until = max(out.until, end[index])
+                self._maybe_free(out)
             self.ops.append((op.name, phase, layer, workspace))
             self.overlap.append(high - workspace)
-            self.single.append(op.type not in CALLERS and op.type not in WHILES)
+            self.single.append(f.type not in CALLERS and f.type not in WHILES)
         for block, reads in copies:  # the variable's previous buffer is held until its last read is done
             if all(r.holders <= 0 for r in reads):
                 self.free_at[block] = max(r.until for r in reads)
@@ -148,11 +169,31 @@ class Replay:
         numbered by ``handles`` (handle tensor name -> resident index); variables not in it are left out."""
         return [(i, b, handles[name]) for i, b, name in self.adopted if name in handles]
 
-    def _copy_on_write(self, op: Any, index: int, layer: str, copies: list[tuple[int, list[_Buf]]]) -> None:
+    def _facts(self, op: Any) -> _Facts:
+        f = self.facts.get(op)  # keyed by the op object: its name is a call into TensorFlow
+        if f is None:
+            rule = rule_of(op.type)
+            out_bytes = tuple(self._new_bytes(op, k, rule) if rule.memory in (Memory.NEW, Memory.IN_PLACE) else 0
+                              for k in range(len(op.outputs)))
+            update = tensor_bytes(op.inputs[1]) if op.type in _UPDATES and len(op.inputs) > 1 else 0
+            f = _Facts(op.type, rule.memory, tuple(t.name for t in op.inputs), tuple(t.name for t in op.outputs),
+                       self._workspace(op), out_bytes, update)
+            self.facts[op] = f
+        return f
+
+    def _new_bytes(self, op: Any, k: int, rule: Any) -> int:
+        """Bytes output ``k`` allocates when it is a new buffer."""
+        if op.type in WHILES:
+            return self._accumulated(op, k)
+        if rule.output_bytes is not None:
+            return int(rule.output_bytes(op, k))
+        return tensor_bytes(op.outputs[k])
+
+    def _copy_on_write(self, f: _Facts, index: int, layer: str, copies: list[tuple[int, list[_Buf]]]) -> None:
         """An in-place update of a variable some read still holds: the variable is copied to a new block."""
-        handle = op.inputs[0].name
+        handle = f.inputs[0]
         held = [r for r in self._reads.get(handle, ()) if r.holders > 0 or r.until >= index]  # waiting or running
-        nbytes = tensor_bytes(op.inputs[1])
+        nbytes = f.update_bytes
         if held and nbytes:
             block = self._new(nbytes, index, layer)
             self.adopted.append((index, block, handle))
@@ -169,15 +210,14 @@ class Replay:
         self.layers.append(layer)
         return len(self.sizes) - 1
 
-    def _output(self, op: Any, k: int, t: Any, ins: list[_Buf | None], uses: int, index: int, layer: str,
+    def _output(self, f: _Facts, k: int, name: str, ins: list[_Buf | None], uses: int, index: int, layer: str,
                 external: set[str]) -> _Buf:
-        kind = op.type
-        rule = rule_of(kind)
-        if t.name in external or rule.memory is Memory.NONE:
+        kind, memory = f.type, f.memory
+        if name in external or memory is Memory.NONE:
             return _Buf(0, -1, uses, False)
-        if rule.memory is Memory.VIEW:
+        if memory is Memory.VIEW:
             src = ins[k] if kind == "IdentityN" and k < len(ins) else (ins[0] if ins else None)
-            var = op.inputs[0].name if kind == "ReadVariableOp" and op.inputs else (src.var if src else "")
+            var = f.inputs[0] if kind == "ReadVariableOp" and f.inputs else (src.var if src else "")
             if var:  # a read of a variable, or a view of one: tracked for the updates that must copy
                 read = _Buf(0, -1, uses, False, var=var)
                 self._reads.setdefault(var, []).append(read)
@@ -186,13 +226,8 @@ class Replay:
                 return _Buf(0, -1, uses, False)
             src.holders += uses  # the view keeps the source alive through its own consumers
             return src
-        if kind in WHILES:
-            nbytes = self._accumulated(op, k)
-        elif rule.output_bytes is not None:
-            nbytes = rule.output_bytes(op, k)
-        else:
-            nbytes = tensor_bytes(t)
-        if rule.memory is Memory.IN_PLACE and k == 0:
+        nbytes = f.out_bytes[k]
+        if memory is Memory.IN_PLACE and k == 0:
             for buf in ins:
                 if buf is not None and buf.owned and buf.holders == 1 and buf.nbytes == bfc_round(nbytes):
                     buf.holders += uses  # written in place: this op held the last reference
