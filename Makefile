@@ -48,9 +48,12 @@ demo: setup-demo
 
 # Keras fixes its backend at import: tests/frontends/keras runs once per backend, each in its own process.
 # NNMEM_REQUIRE_BROWSER=1: the browser test fails, rather than skips, without chromium.
+# -n 2: two pytest-xdist workers where a test's figures do not depend on what else runs (PyTorch's allocator,
+# in-process or in the measuring child). JAX's and TensorFlow's plain steps take one of several peaks by how
+# their threads meet, which load changes: those suites run one test at a time.
 test: setup browser
-	NNMEM_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q
-	KERAS_BACKEND=torch $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
+	NNMEM_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -n 2
+	KERAS_BACKEND=torch $(BIN)/python -m pytest -q -n 2 -p no:cacheprovider tests/frontends/keras
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
 	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
 

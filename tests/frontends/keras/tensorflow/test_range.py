@@ -11,7 +11,7 @@ if os.environ.get("KERAS_BACKEND") != "tensorflow":
     pytest.skip("needs KERAS_BACKEND=tensorflow", allow_module_level=True)
 
 BATCH = 8
-RUNS = 5
+RUNS = 3
 """Fresh processes each case is measured in: the plain step's peak differs between them."""
 
 CASES = [
