@@ -43,6 +43,9 @@ APPS = {"mobilenet_v2": _mobilenet_v2, "resnet50": _resnet50}
 @pytest.mark.parametrize("mode", ["train", "infer"])
 @pytest.mark.parametrize("name", list(APPS))
 def test_application_estimate_matches_measurement(name: str, mode: str) -> None:
+    if BACKEND == "tensorflow" and (name, mode) == ("resnet50", "train"):
+        pytest.skip("resnet50 training on TensorFlow takes 90 s here; benchmarks/tf_range.py measures it in 10 "
+                    "fresh processes against the range (docs/backends/keras-tensorflow.md)")
     model = APPS[name]()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     x = np.zeros((BATCH, *model.input_shape[1:]), "float32")
