@@ -1,9 +1,11 @@
 """What a plain TensorFlow step holds at its peak, from TensorFlow's own allocation log: a diagnostic.
 
-Run:  python benchmarks/tf_alloc_log.py keras_two_branch_cnn [--steps 8] [--top 12] [--batch 8]
+Run:  python benchmarks/tf_alloc_log.py keras_two_branch_cnn [--steps 8] [--top 12] [--batch 8] [--mode infer]
+      [--policy mixed_bfloat16]
 
 Runs the Keras zoo model's Adam step as users run it (``train_on_batch``, default executor, Grappler on, the BFC
-allocator on the CPU) in a child process with TensorFlow's memory log on (``log_memory.cc``: ``VLOG(2)``, every
+allocator on the CPU; ``predict_on_batch`` with ``--mode infer``; the model built under a Keras dtype policy with
+``--policy``) in a child process with TensorFlow's memory log on (``log_memory.cc``: ``VLOG(2)``, every
 tensor and raw allocation with its kernel, shape, requested and allocated bytes). For the step with the highest
 BFC peak it prints the peak's composition: each buffer live at the peak, the bytes requested and the bytes of the
 chunk the BFC allocator handed out (``allocated_bytes``: a free chunk under twice the request is handed out
@@ -22,16 +24,20 @@ CHILD = r"""
 import sys
 import numpy as np
 import tensorflow as tf
+import keras
 from nnmem.zoo.keras_models import FACTORIES
+keras.config.set_dtype_policy(sys.argv[5])
 model, x, y, loss = FACTORIES[sys.argv[1]](int(sys.argv[3]))
+keras.config.set_dtype_policy("float32")
 model.compile(optimizer="adam", loss=loss)
 x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+step = (lambda: model.train_on_batch(x, y)) if sys.argv[4] == "train" else (lambda: model.predict_on_batch(x))
 for _ in range(2):
-    model.train_on_batch(x, y)
+    step()
 for i in range(int(sys.argv[2])):
     tf.config.experimental.reset_memory_stats("CPU:0")
     print(f"@@STEP {i} start {tf.config.experimental.get_memory_info('CPU:0')['current']}", file=sys.stderr, flush=True)
-    model.train_on_batch(x, y)
+    step()
     print(f"@@STEP {i} end {tf.config.experimental.get_memory_info('CPU:0')['peak']}", file=sys.stderr, flush=True)
 """
 
@@ -88,10 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="steps logged after 2 warm-up steps")
     parser.add_argument("--top", type=int, default=12, help="largest buffers listed")
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--mode", choices=("train", "infer"), default="train")
+    parser.add_argument("--policy", default="float32", help="the Keras dtype policy the model is built under")
     args = parser.parse_args(argv)
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPU_ALLOCATOR_USE_BFC": "true",
            "TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "log_memory=2"}
-    done = subprocess.run([sys.executable, "-c", CHILD, args.model, str(args.steps), str(args.batch)], env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, args.model, str(args.steps), str(args.batch), args.mode,
+                           args.policy], env=env,
                           capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         print(f"error: the logged step failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)

@@ -28,8 +28,8 @@ from nnmem.allocators.bfc import bfc_round
 from nnmem.frontends.keras.tensorflow.scratch import Memory, rule_of, scratch_bytes, tensor_bytes
 from nnmem.trace import Phase
 
-__all__ = ["CALLERS", "WHILES", "Replay", "call_depth", "functions_of", "graph_rises", "in_flight", "waiting_bytes",
-           "while_loops"]
+__all__ = ["CALLERS", "WHILES", "Replay", "call_depth", "functions_of", "graph_rises", "in_flight", "loop_weight_casts",
+           "waiting_bytes", "while_loops"]
 
 WHILES = frozenset({"While", "StatelessWhile"})
 
@@ -417,6 +417,29 @@ def functions_of(graph: Any) -> dict[str, Any]:
                 if getattr(fn, "graph", None) is not None:
                     pending.append(fn.graph)
     return out
+
+
+def loop_weight_casts(graph: Any, functions: dict[str, Any]) -> tuple[int, int]:
+    """(bytes, iterations in flight) of the largest per-iteration cast of a variable in a ``While`` body of the
+    graph or a function it calls; (0, 0) where no loop casts a variable.
+
+    Under a mixed-precision policy a Keras RNN cell reads its float32 kernels every step and casts them: the cast
+    depends only on the loop's invariants, so each of the ``parallel_iterations`` iterations in flight makes its
+    own copy at once (TensorFlow's allocation log of keras_lstm under ``mixed_float16``: 29 casts of the 128 x 512
+    recurrent kernel live together), and the BFC allocator may hand each copy a free chunk of up to twice its size
+    (``bfc_allocator.cc`` ``FindChunkPtr`` splits a chunk only from twice the request): chunks the range's high end
+    does not model.
+    """
+    largest = (0, 0)
+    for g in (graph, *(getattr(f, "graph", None) for f in functions.values())):
+        for op in g.get_operations() if g is not None else ():
+            if op.type not in WHILES:
+                continue
+            body = functions.get(op.get_attr("body").name)
+            for inner in body.graph.get_operations() if body is not None else ():
+                if inner.type == "Cast" and _through_views(inner.inputs[0]).op.type == "ReadVariableOp":
+                    largest = max(largest, (bfc_round(tensor_bytes(inner.outputs[0])), in_flight(op)))
+    return largest
 
 
 def while_loops(graph: Any, functions: dict[str, Any]) -> int:
