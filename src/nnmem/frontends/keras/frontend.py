@@ -174,6 +174,7 @@ class KerasFrontend:
         if trace.framework == "keras-tensorflow" and "xla.temp_bytes" not in trace.meta:
             notes = (*notes, *((_TF_LOOP_NOTE,) if trace.meta.get("while_loops") else ()), *_TF_NOTES)
             notes = (*notes, str(trace.meta["grappler_skipped"])) if trace.meta.get("grappler_skipped") else notes
+            notes = (*notes, str(trace.meta["loop_casts"])) if trace.meta.get("loop_casts") else notes
         if gpu is None:
             return report_from_trace(trace, source="estimate", model=request.name, device="cpu", notes=notes)
         overrides = _torch_cuda_peaks(trace, gpu) if gpu.backend == "torch" else None

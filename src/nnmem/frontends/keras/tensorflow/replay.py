@@ -28,8 +28,8 @@ from nnmem.allocators.bfc import bfc_round
 from nnmem.frontends.keras.tensorflow.scratch import Memory, rule_of, scratch_bytes, tensor_bytes
 from nnmem.trace import Phase
 
-__all__ = ["CALLERS", "WHILES", "Replay", "call_depth", "functions_of", "graph_rises", "in_flight", "loop_weight_casts",
-           "waiting_bytes", "while_loops"]
+__all__ = ["CALLERS", "WHILES", "Replay", "call_depth", "cast_slack", "functions_of", "graph_rises", "in_flight",
+           "loop_weight_casts", "waiting_bytes", "while_loops"]
 
 WHILES = frozenset({"While", "StatelessWhile"})
 
@@ -275,7 +275,7 @@ class Replay:
         if op.type in WHILES:
             body = self._body(op, "body")
             if body is not None:
-                high += (in_flight(op) - 1) * waiting_bytes(body)
+                high += (in_flight(op) - 1) * waiting_bytes(body) + in_flight(op) * cast_slack(body)
         return rise, high
 
 
@@ -350,21 +350,50 @@ def waiting_bytes(body: Any) -> int:
     own tensors an op consumes together with a value that depends on a loop-carried variable (the RNN's
     ``h``, ``c`` or a gradient sum; not the counters and list handles, whose chains are a few host integers).
     """
-    carried = {t.name for t in body.inputs if t.dtype not in _HANDLES and (t.shape.rank or 0) > 0
-               and _carried_state(body, t)}
-    depends = set(carried)
-    for op in body.get_operations():  # creation order is a topological order
-        if any(t.name in depends for t in op.inputs):
-            depends.update(t.name for t in op.outputs)
-    waiting: dict[str, int] = {}
+    return sum(bfc_round(tensor_bytes(t)) for t in _waiting(body, _depends(body)))
+
+
+def _waiting(body: Any, depends: set[str]) -> list[Any]:
+    """The body's tensors an op consumes together with a value in ``depends`` (see :func:`waiting_bytes`)."""
+    waiting: dict[str, Any] = {}
     for op in body.get_operations():
         for t in op.inputs:
             src = _through_views(t)
             if src.name in waiting or src.op.type in _HELD or rule_of(src.op.type).memory is Memory.NONE:
                 continue
             if any(u.name in depends and u.name != t.name for u in op.inputs):
-                waiting[src.name] = bfc_round(tensor_bytes(src))
-    return sum(waiting.values())
+                waiting[src.name] = src
+    return list(waiting.values())
+
+
+def _depends(body: Any) -> set[str]:
+    """Names of the body's tensors that depend on a loop-carried array (the RNN's ``h``, ``c``, a gradient sum)."""
+    carried = {t.name for t in body.inputs if t.dtype not in _HANDLES and (t.shape.rank or 0) > 0
+               and _carried_state(body, t)}
+    depends = set(carried)
+    for op in body.get_operations():  # creation order is a topological order
+        if any(t.name in depends for t in op.inputs):
+            depends.update(t.name for t in op.outputs)
+    return depends
+
+
+def _weight_casts(body: Any) -> list[Any]:
+    """The waiting tensors of ``body`` that cast a variable's value (a mixed-precision cell's kernels)."""
+    return [t for t in _waiting(body, _depends(body))
+            if t.op.type == "Cast" and _through_views(t.op.inputs[0]).op.type == "ReadVariableOp"]
+
+
+def cast_slack(body: Any) -> int:
+    """Bytes beyond their requests the chunks of one iteration's weight casts may take, at most.
+
+    A mixed-precision RNN cell casts its float32 kernels every iteration; the cast depends only on the loop's
+    invariants, so every iteration in flight makes its copy at once (TensorFlow's allocation log of keras_lstm
+    inference under ``mixed_float16``: 29 copies of the recurrent kernel live together, in chunks of up to
+    254,208 B for 131,072 B requests). The BFC allocator hands out a free chunk whole when it is under twice the
+    request (``bfc_allocator.cc`` ``FindChunkPtr`` splits only from twice the rounded request), so each copy
+    occupies at most twice its rounded size less one 256 B unit: the high end counts that much more per copy.
+    """
+    return sum(max(bfc_round(tensor_bytes(t)) - 256, 0) for t in _weight_casts(body))
 
 
 _HANDLES = frozenset({tf.variant, tf.resource})
@@ -420,25 +449,14 @@ def functions_of(graph: Any) -> dict[str, Any]:
 
 
 def loop_weight_casts(graph: Any, functions: dict[str, Any]) -> tuple[int, int]:
-    """(bytes, iterations in flight) of the largest per-iteration cast of a variable in a ``While`` body of the
-    graph or a function it calls; (0, 0) where no loop casts a variable.
-
-    Under a mixed-precision policy a Keras RNN cell reads its float32 kernels every step and casts them: the cast
-    depends only on the loop's invariants, so each of the ``parallel_iterations`` iterations in flight makes its
-    own copy at once (TensorFlow's allocation log of keras_lstm under ``mixed_float16``: 29 casts of the 128 x 512
-    recurrent kernel live together), and the BFC allocator may hand each copy a free chunk of up to twice its size
-    (``bfc_allocator.cc`` ``FindChunkPtr`` splits a chunk only from twice the request): chunks the range's high end
-    does not model.
-    """
+    """(bytes, iterations in flight) of the largest per-iteration weight cast (:func:`cast_slack`) of a ``While``
+    body in the graph or a function it calls; (0, 0) where no loop casts a variable."""
     largest = (0, 0)
     for g in (graph, *(getattr(f, "graph", None) for f in functions.values())):
         for op in g.get_operations() if g is not None else ():
-            if op.type not in WHILES:
-                continue
-            body = functions.get(op.get_attr("body").name)
-            for inner in body.graph.get_operations() if body is not None else ():
-                if inner.type == "Cast" and _through_views(inner.inputs[0]).op.type == "ReadVariableOp":
-                    largest = max(largest, (bfc_round(tensor_bytes(inner.outputs[0])), in_flight(op)))
+            body = functions.get(op.get_attr("body").name) if op.type in WHILES else None
+            for t in _weight_casts(body.graph) if body is not None else ():
+                largest = max(largest, (bfc_round(tensor_bytes(t)), in_flight(op)))
     return largest
 
 

@@ -361,14 +361,13 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
     bodies = [op for f in replay.functions.values() if getattr(f, "graph", None) is not None
               for op in f.graph.get_operations()]  # a while loop's cell runs its matmuls in its body function
     fallback = eigen_fallback_note([*ops, *bodies], cpu.describe().flags, onednn_enabled()) if gpu is None else None
-    cast, flight = loop_weight_casts(graph, replay.functions) if gpu is None else (0, 0)
-    unmodelled = [fallback] if fallback is not None else []
+    if fallback is not None:
+        info["unmodelled"] = fallback
+    cast, flight = loop_weight_casts(graph, replay.functions)
     if cast and flight > 1:
-        unmodelled.append(f"not modelled: a loop casts its weights every iteration (a mixed-precision RNN), up to "
-                          f"{flight} iterations at once each holding a {cast:,} B copy; TensorFlow's allocator may "
-                          "hand each a chunk up to twice its size, so plain runs can peak above the range's high end")
-    if unmodelled:
-        info["unmodelled"] = "\n".join(unmodelled)
+        info["loop_casts"] = (f"range: a loop casts its weights every iteration (a mixed-precision RNN): up to "
+                              f"{flight} iterations run at once, each holding a {cast:,} B copy, which the allocator "
+                              "may place in a free chunk of up to twice its size; the high end counts both")
     if with_range and gpu is None and oversized(graph):
         info["grappler_skipped"] = (f"range: a tensor of this step has over {GRAPPLER_MAX_ELEMENTS:,} elements, on "
                                     "which Grappler's optimizer crashes the process: the executor's orders on "
