@@ -28,8 +28,8 @@ from nnmem.allocators.bfc import bfc_round
 from nnmem.frontends.keras.tensorflow.scratch import Memory, rule_of, scratch_bytes, tensor_bytes
 from nnmem.trace import Phase
 
-__all__ = ["CALLERS", "WHILES", "Replay", "call_depth", "cast_slack", "functions_of", "graph_rises", "in_flight",
-           "loop_weight_casts", "waiting_bytes", "while_loops"]
+__all__ = ["CALLERS", "WHILES", "Replay", "call_depth", "functions_of", "graph_rises", "in_flight", "loop_weight_casts",
+           "waiting_bytes", "while_loops"]
 
 WHILES = frozenset({"While", "StatelessWhile"})
 
@@ -275,7 +275,7 @@ class Replay:
         if op.type in WHILES:
             body = self._body(op, "body")
             if body is not None:
-                high += (in_flight(op) - 1) * waiting_bytes(body) + in_flight(op) * cast_slack(body)
+                high += _loop_overlap(op, body)
         return rise, high
 
 
@@ -377,14 +377,14 @@ def _depends(body: Any) -> set[str]:
     return depends
 
 
-def _weight_casts(body: Any) -> list[Any]:
-    """The waiting tensors of ``body`` that cast a variable's value (a mixed-precision cell's kernels)."""
-    return [t for t in _waiting(body, _depends(body))
-            if t.op.type == "Cast" and _through_views(t.op.inputs[0]).op.type == "ReadVariableOp"]
+def _weight_cast(t: Any) -> bool:
+    """Whether ``t`` casts a variable's value (a mixed-precision cell's kernel, read and cast every iteration)."""
+    return bool(t.op.type == "Cast" and _through_views(t.op.inputs[0]).op.type == "ReadVariableOp")
 
 
-def cast_slack(body: Any) -> int:
-    """Bytes beyond their requests the chunks of one iteration's weight casts may take, at most.
+def _loop_overlap(op: Any, body: Any) -> int:
+    """Bytes a ``While``'s iterations in flight hold beyond the one the replay runs: ``(in flight - 1) ×``
+    :func:`waiting_bytes`, and for each iteration's weight casts the chunk beyond their requests.
 
     A mixed-precision RNN cell casts its float32 kernels every iteration; the cast depends only on the loop's
     invariants, so every iteration in flight makes its copy at once (TensorFlow's allocation log of keras_lstm
@@ -393,7 +393,9 @@ def cast_slack(body: Any) -> int:
     request (``bfc_allocator.cc`` ``FindChunkPtr`` splits only from twice the rounded request), so each copy
     occupies at most twice its rounded size less one 256 B unit: the high end counts that much more per copy.
     """
-    return sum(max(bfc_round(tensor_bytes(t)) - 256, 0) for t in _weight_casts(body))
+    waiting = [(t, bfc_round(tensor_bytes(t))) for t in _waiting(body, _depends(body))]
+    slack = sum(max(b - 256, 0) for t, b in waiting if _weight_cast(t))
+    return (in_flight(op) - 1) * sum(b for _, b in waiting) + in_flight(op) * slack
 
 
 _HANDLES = frozenset({tf.variant, tf.resource})
@@ -449,13 +451,14 @@ def functions_of(graph: Any) -> dict[str, Any]:
 
 
 def loop_weight_casts(graph: Any, functions: dict[str, Any]) -> tuple[int, int]:
-    """(bytes, iterations in flight) of the largest per-iteration weight cast (:func:`cast_slack`) of a ``While``
+    """(bytes, iterations in flight) of the largest per-iteration weight cast (:func:`_loop_overlap`) of a ``While``
     body in the graph or a function it calls; (0, 0) where no loop casts a variable."""
     largest = (0, 0)
     for g in (graph, *(getattr(f, "graph", None) for f in functions.values())):
         for op in g.get_operations() if g is not None else ():
             body = functions.get(op.get_attr("body").name) if op.type in WHILES else None
-            for t in _weight_casts(body.graph) if body is not None else ():
+            casts = [t for t in _waiting(body.graph, _depends(body.graph)) if _weight_cast(t)] if body else []
+            for t in casts:
                 largest = max(largest, (bfc_round(tensor_bytes(t)), in_flight(op)))
     return largest
 

@@ -141,7 +141,7 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
             orders += [executor_pool_timeline(graph, kept, threads, seed) for seed in range(POOL_TIMELINES)]
     out = []
     functions = functions_of(graph)
-    facts: dict[str, Any] = {}  # each op's order-independent facts, read once for every order
+    facts: dict[Any, Any] = {}  # each op's order-independent facts, read once for every order
     for ops, end_at in orders:
         replay = Replay(functions, kernel_scratch=gpu is None, facts=facts)
         replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep, end_at=end_at)
