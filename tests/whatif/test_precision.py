@@ -9,6 +9,7 @@ from torch import nn
 
 import nnmem
 from nnmem.errors import ConfigError
+from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED
 
 
 def _model() -> nn.Module:
@@ -19,16 +20,29 @@ def _model() -> nn.Module:
 @pytest.mark.parametrize("technique", ["autocast:fp16", "half:fp16", "half:bf16"])
 @pytest.mark.parametrize("mode", ["train", "infer"])
 def test_prediction_equals_the_model_run_in_lower_precision(technique: str, mode: str) -> None:
-    """float16 matmuls run ATen's own kernels on every CPU; bfloat16 ones go through oneDNN where the CPU has
-    AVX-512 (kernel scratch not modelled), so bf16 is checked at the tensor level only."""
+    """Where the prediction carries no note, both levels equal the run's. Where it notes that oneDNN's kernel
+    scratch is not modelled on this CPU (bf16 matmuls on AVX-512 CPUs but the one modelled; fp16 ones where the
+    CPU has AVX512-FP16, e.g. Sapphire Rapids), the tensor level equals the run's and the allocator level is at
+    most the run's, as the note says."""
     model, inputs = _model(), (torch.randn(16, 96),)
     optimizer = "adam" if mode == "train" else None
     result = nnmem.what_if(model, inputs, mode=mode, optimizer=optimizer, techniques=[technique])
-    predicted = result.rows[0].report.peaks
+    report = result.rows[0].report
+    predicted = report.peaks
     nnmem.apply_technique(model, technique)
     measured = nnmem.measure(model, inputs, mode=mode, optimizer=optimizer, timeout_s=120).peaks
-    level = "tensor" if technique.endswith("bf16") else "allocator"
-    assert abs(predicted[level] - measured[level]) <= 64, (predicted, measured)
+    _check(report.notes, predicted, measured)
+
+
+def _check(notes: tuple[str, ...], predicted: dict[str, int], measured: dict[str, int]) -> None:
+    """Both levels within 64 B of the run's, or, where every note is a kernel-scratch one, the tensor level and
+    the allocator level no higher than the run's."""
+    assert all(NOT_MODELLED in n for n in notes), notes
+    if notes:
+        assert abs(predicted["tensor"] - measured["tensor"]) <= 64, (predicted, measured, notes)
+        assert predicted["allocator"] <= measured["allocator"] + 64, (predicted, measured, notes)
+    else:
+        assert all(abs(predicted[k] - measured[k]) <= 64 for k in ("tensor", "allocator")), (predicted, measured)
 
 
 def test_half_precision_halves_the_fixed_part_and_autocast_keeps_it() -> None:
@@ -114,4 +128,4 @@ def test_a_mixed_dtype_add_converts_its_float16_input_on_a_cpu(mode: str) -> Non
     assert estimated.breakdown.get("kernel workspace", 0) >= 256 * 64 * 4 or mode == "train"
     model = nnmem.apply_technique(_Residual(), "autocast:fp16")
     measured = nnmem.measure(model, inputs, mode=mode, optimizer=optimizer, timeout_s=120)
-    assert abs(estimated.peaks["allocator"] - measured.peaks["allocator"]) <= 64, (estimated.peaks, measured.peaks)
+    _check(estimated.notes, estimated.peaks, measured.peaks)

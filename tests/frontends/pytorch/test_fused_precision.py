@@ -12,7 +12,20 @@ import torch
 from torch import nn
 
 import nnmem
+from nnmem import cpu
 from nnmem.frontends.pytorch.measure import measure_step
+from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED
+
+HOST = cpu.describe()
+
+
+def _scratch_unmodelled_here(notes: tuple[str, ...], dtype: torch.dtype) -> bool:
+    """Whether every note says only that oneDNN's kernel scratch is not modelled on this CPU, for a type this CPU
+    sends to oneDNN (bf16 from AVX-512, fp16 with AVX512-FP16: Sapphire Rapids, not AMD Zen 4): then the
+    tensor level must still be exact and the allocator level at least what the estimate says."""
+    through_onednn = HOST.onednn_bf16 if dtype == torch.bfloat16 else HOST.onednn_fp16
+    return through_onednn and bool(notes) and all(f"matmul through oneDNN (ISA {HOST.isa}): {NOT_MODELLED}" in n
+                                                  for n in notes)
 
 
 class _Attention(nn.Module):
@@ -63,13 +76,19 @@ def _draw(rng: random.Random) -> tuple[nn.Module, torch.Tensor]:
 def test_fused_attention_in_lower_precision_equals_the_real_step(technique: str) -> None:
     rng, misses = random.Random(["autocast:bf16", "autocast:fp16", "half:bf16", "half:fp16"].index(technique)), []
     precision = technique.partition(":")[2] if technique.startswith("autocast") else technique
+    dtype = torch.bfloat16 if technique.endswith("bf16") else torch.float16
     for _ in range(4):
         model, x = _draw(rng)
         estimated = nnmem.estimate(model, (x,), mode="infer", precision=precision)
         nnmem.apply_technique(model, technique)
         measured = measure_step(model, (x,), mode="infer", optimizer=None, loss_fn=None, target=None, name="draw",
                                 device="cpu", meta={})
-        if estimated.notes:
+        if _scratch_unmodelled_here(estimated.notes, dtype):
+            if (estimated.peaks["tensor"] != measured.peaks["tensor"]
+                    or estimated.peaks["allocator"] > measured.peaks["allocator"]):
+                misses.append(f"{type(model).__name__} {list(x.shape)}: estimated {estimated.peaks}, "
+                              f"measured {measured.peaks} (oneDNN's scratch noted)")
+        elif estimated.notes:
             misses.append(f"{type(model).__name__} {list(x.shape)}: noted {estimated.notes}")
         elif estimated.peaks != measured.peaks:
             misses.append(f"{type(model).__name__} {list(x.shape)}: estimated {estimated.peaks}, "
@@ -78,5 +97,6 @@ def test_fused_attention_in_lower_precision_equals_the_real_step(technique: str)
 
 
 def test_the_zoo_encoder_under_autocast_has_no_note() -> None:
+    """No note of the fused kernel; a CPU whose bf16 matmuls' oneDNN scratch is not modelled says only that."""
     report = nnmem.estimate("transformer_encoder", batch=8, mode="infer", precision="bf16")
-    assert not report.notes, report.notes
+    assert not report.notes or _scratch_unmodelled_here(report.notes, torch.bfloat16), report.notes
