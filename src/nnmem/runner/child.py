@@ -80,13 +80,14 @@ def _main_not_rerun() -> Iterator[None]:
 
 @contextmanager
 def _preloaded(library: str | None, env: dict[str, str]) -> Iterator[None]:
-    """``LD_PRELOAD`` names ``library`` (and ``env`` is set) while a spawned child starts: it inherits them."""
-    if library is None:
+    """``env`` is set (and ``LD_PRELOAD`` names ``library``) while a spawned child starts: it inherits them."""
+    if library is None and not env:
         yield
         return
     saved = {k: os.environ.get(k) for k in ("LD_PRELOAD", *env)}
     os.environ.update(env)
-    os.environ["LD_PRELOAD"] = f"{library} {saved['LD_PRELOAD']}" if saved["LD_PRELOAD"] else library
+    if library is not None:
+        os.environ["LD_PRELOAD"] = f"{library} {saved['LD_PRELOAD']}" if saved["LD_PRELOAD"] else library
     try:
         yield
     finally:
@@ -107,8 +108,9 @@ def run_in_child(fn: Callable[[], Any], *, timeout_s: float | None = None, prelo
         preload: a shared library the child loads at start (``LD_PRELOAD``), e.g. the malloc counter of
             :mod:`nnmem.runner.mallocpeak`; such a child is a fresh interpreter ("spawn"), not a fork of
             the fork server.
-        env: environment variables a preloaded child starts with (it imports modules, e.g. Keras, while
-            the work is unpickled, before ``fn`` runs).
+        env: environment variables the child starts with (it imports modules, e.g. Keras or TensorFlow,
+            while the work is unpickled, before ``fn`` runs, so settings they read at import must be here);
+            such a child is a fresh interpreter ("spawn") too.
 
     Raises:
         NnmemError: the child raised one (re-raised here with its class and message).
@@ -119,7 +121,7 @@ def run_in_child(fn: Callable[[], Any], *, timeout_s: float | None = None, prelo
     except Exception as err:
         raise MeasureError(f"the step cannot be sent to the measuring child process: {type(err).__name__}: {err}; "
                            "define the model at module level or measure a MODEL spec") from err
-    ctx = _context() if preload is None else mp.get_context("spawn")
+    ctx = _context() if preload is None and not env else mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, payload), daemon=True)
     with _main_not_rerun(), _preloaded(preload, env or {}):

@@ -81,13 +81,15 @@ def test_a_float16_step_names_its_unmodelled_eigen_kernels_on_a_cpu_without_avx5
     assert scratch.eigen_fallback_note(_graph_ops(zoo_step("keras_mlp", "train", 4)), ("avx2",)) is None
 
 
+_EIGEN_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+"""Read when TensorFlow loads, which the child does while it unpickles this module's function: set at its start.
+Set later, oneDNN stays on, and where it runs float16 (AVX512-FP16: Sapphire Rapids) no Eigen kernel runs."""
+
+
 def _eigen_rises() -> list[tuple[str, int, int, int]]:
-    """In a fresh TensorFlow with oneDNN off (Eigen kernels on any CPU) and the BFC allocator: for half-precision
-    filter and input gradients and a matmul, (case, the BFC peak's rise over one call, the output's bytes, the
-    rule's scratch bytes)."""
-    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    """In a fresh TensorFlow with oneDNN off (Eigen kernels on any CPU) and the BFC allocator (:data:`_EIGEN_ENV`):
+    for half-precision filter and input gradients and a matmul, (case, the BFC peak's rise over one call, the
+    output's bytes, the rule's scratch bytes)."""
     import tensorflow as tf_child
 
     from nnmem.frontends.keras.tensorflow import scratch as rules
@@ -128,7 +130,7 @@ def test_eigen_conv_backprop_and_half_matmul_scratch_match_tensorflow() -> None:
     over a call is the output and the scratch, each in a chunk of at least its bytes and under twice them."""
     from nnmem.runner.child import run_in_child
 
-    rises = run_in_child(_eigen_rises, timeout_s=240)
+    rises = run_in_child(_eigen_rises, timeout_s=240, env=_EIGEN_ENV)
     for case, rise, out, scratch_bytes in rises:
         assert scratch_bytes > 0, case
         assert out + scratch_bytes <= rise < 2 * (bfc_round(out) + scratch_bytes), (case, rise, out, scratch_bytes)
