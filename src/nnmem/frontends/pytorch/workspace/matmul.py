@@ -19,12 +19,16 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, aten, dtype_name, nbytes, round_up
+from nnmem.frontends.pytorch.workspace.matmul_amx import amx_scratchpad
 from nnmem.frontends.pytorch.workspace.misc import _folds
 
 # The ISA and thread counts where oneDNN's bfloat16 scratch was measured (torch 2.13.0, oneDNN 3.12): the matmuls
 # (test_matmul_scratch.py), the flash-attention backward's gemms and the forward convolutions (conv_select.py).
 MODELLED_ISA = "avx512_core_bf16"
 MODELLED_THREADS = (1, 2, 3, 4)
+AMX_ISA = "avx512_core_amx"
+# (ISA, dtype) pairs whose scratchpad is modelled: bf16 without AMX, bf16 and f16 on AMX (test_matmul_amx.py).
+_MODELLED = {(MODELLED_ISA, torch.bfloat16), (AMX_ISA, torch.bfloat16), (AMX_ISA, torch.float16)}
 
 _BF16, _F32 = 2, 4  # bytes per element: the operands and the f32 accumulator
 _ALIGN = 128  # memory_tracking.hpp default_alignment: book() adds it to every non-empty entry
@@ -55,6 +59,7 @@ class OnednnMatmul:
         m, k, n: the primitive's dimensions (ATen may swap the operands, see :func:`onednn_call`).
         batch: the batch (1 for a 2-D product).
         a_transposed: whether src comes with the transposed tag (``ba`` / ``acb``).
+        b_transposed: whether the weights come with the transposed tag (AMX copies them differently).
     """
 
     m: int
@@ -62,6 +67,7 @@ class OnednnMatmul:
     n: int
     batch: int = 1
     a_transposed: bool = False
+    b_transposed: bool = False
 
 
 def _cast(t: torch.Tensor) -> str | None:
@@ -140,19 +146,21 @@ def _linear_call(x: Any, w: Any, bias: Any = None) -> OnednnMatmul | None:
         transposed = _batched(x) == "transposed"
         if transposed and int(x.shape[0]) == 1:  # measured between the plain and transposed scratchpads
             return None
-        return OnednnMatmul(int(x.shape[1]), k, n, int(x.shape[0]), transposed)
+        return OnednnMatmul(int(x.shape[1]), k, n, int(x.shape[0]), transposed)  # weight: a contiguous copy
     m = x.numel() // max(k, 1)
     if x.dim() > 2 and not _folds(x):
         if not w.requires_grad:
             return None
         # should_fold: a row-major contiguous copy (misc.rule_linear), then the 2-D product
-        return OnednnMatmul(1, k, m) if n == 1 else OnednnMatmul(m, k, n)
+        return OnednnMatmul(1, k, m, 1, False, True) if n == 1 else OnednnMatmul(m, k, n, 1, False, True)
     flat = x if x.dim() == 2 else x.reshape(-1, k)
     a_layout = _cast(flat.t() if n == 1 else flat)
     b_layout = _cast(w if n == 1 else w.t())
     if a_layout is None or b_layout is None:
         return None
-    return OnednnMatmul(1, k, m) if n == 1 else OnednnMatmul(m, k, n, 1, a_layout == "transposed")
+    if n == 1:
+        return OnednnMatmul(1, k, m, 1, False, a_layout == "transposed")
+    return OnednnMatmul(m, k, n, 1, a_layout == "transposed", b_layout == "transposed")
 
 
 def onednn_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OnednnMatmul | None:
@@ -181,16 +189,18 @@ def onednn_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> One
         return None
     m, k, n = int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
     if a.dim() == 3:  # Matmul.cpp is_mkldnn_optimized_format, else a contiguous copy (bmm_copies)
-        return OnednnMatmul(m, k, n, int(a.shape[0]), _batched(a) == "transposed")
+        return OnednnMatmul(m, k, n, int(a.shape[0]), _batched(a) == "transposed", _batched(b) == "transposed")
     if a.dim() != 2:
         return None
     if n == 1:  # result [m, 1] is column-major too: no transpose_c; the casts see the operands transposed
         a_layout, b_layout = _cast(a.t()), _cast(b.t())
-        return None if a_layout is None or b_layout is None else OnednnMatmul(1, k, m)
+        if a_layout is None or b_layout is None:
+            return None
+        return OnednnMatmul(1, k, m, 1, False, a_layout == "transposed")
     a_layout, b_layout = _cast(a), _cast(b)
     if a_layout is None or b_layout is None:
         return None
-    return OnednnMatmul(m, k, n, 1, a_layout == "transposed")
+    return OnednnMatmul(m, k, n, 1, a_layout == "transposed", b_layout == "transposed")
 
 
 def bmm_copies(func: Any, args: tuple[Any, ...]) -> int:
@@ -244,15 +254,16 @@ class _Blocking:
     buffer_a: bool
 
 
-def _blocking(c: OnednnMatmul, nthr: int) -> _Blocking | None:
+def _blocking(c: OnednnMatmul, nthr: int, f16: bool = False) -> _Blocking | None:
     """``compute_blocking_heuristic`` → ``compute_blocking_heuristic_avx512`` for bf16 on avx512_core_bf16 (no
-    AMX, N block fixed at 64 by the blocked bf16 tags, so never narrowed to 32)."""
+    AMX, N block fixed at 64 by the blocked bf16 tags, so never narrowed to 32), or for f16 on
+    avx512_core_fp16 (``f16``: A always copied, ``is_copy_a_required``; the K split needs no power of two)."""
     transposed_a = c.a_transposed and c.m != 1  # treat_A_as_plain when M == 1
     # src_tag: a [1, K] src matches ab and ba, and set_or_check_tags then takes matmul_helper_t::transA(),
     # 'T' unless M > 1 (src/cpu/matmul/matmul_utils.hpp)
     transposed_tag = c.a_transposed or c.m == 1
     lda_big_pow2 = not transposed_a and _is_pow2(c.k) and c.k >= 8192 // _BF16
-    buffer_a = transposed_a or (lda_big_pow2 and c.m >= 1024)  # is_copy_a_required | prefer_copy_a
+    buffer_a = f16 or transposed_a or (lda_big_pow2 and c.m >= 1024)  # is_copy_a_required | prefer_copy_a
     max_m_blk, min_m_blk = min(256, c.m), min(32, c.m)
     n_blk = min(_WEI_N_BLK, c.n)
     n_chunks_start = min(16 if buffer_a else 1, _div_up(c.n, n_blk))
@@ -260,7 +271,7 @@ def _blocking(c: OnednnMatmul, nthr: int) -> _Blocking | None:
     start_nthr_k = 1
     if nthr > c.batch * _div_up(c.n, n_blk):  # low_parallel_work
         min_m_blk = min(c.m, 16)
-        if c.batch == 1 and transposed_tag and _is_pow2(c.k) and c.k >= 2048:  # bwd_w_par_k_blk
+        if c.batch == 1 and transposed_tag and (f16 or _is_pow2(c.k)) and c.k >= 2048:  # bwd_w_par_k_blk
             start_nthr_k = min(nthr, 4)
     best, best_imb = None, np.float32(1)
     for nthr_k in range(start_nthr_k, 0, -1):
@@ -286,27 +297,32 @@ def _book(size: int) -> int:
     return size + _ALIGN if size > 0 else 0
 
 
-def brgemm_scratchpad(c: OnednnMatmul, nthr: int) -> int | None:
+def brgemm_scratchpad(c: OnednnMatmul, nthr: int, f16: bool = False) -> int | None:
     """Bytes of the scratchpad a bf16 ``brg_matmul:avx512_core_bf16`` primitive books (``init_scratchpad``):
     per thread, the brgemm batch elements, a copy of A (transposed A), a VNNI copy of B's K×N block and the
     f32 accumulator C; entries rounded by :func:`_book`. C is always booked: ``is_buffer_c_required`` runs in
     ``update_configuration`` before ``init_aux_values`` sets ``K_chunk_elems`` (still 0), so a bf16 dst
-    (≠ the f32 accumulator) always needs it.
+    (≠ the f32 accumulator) always needs it. With ``f16``, an f16 ``brg_matmul:avx512_core_fp16`` primitive
+    (a CPU with AMX but no AMX-FP16): ``init_brgemm_matmul_conf`` converts both operands to f32 in the A and B
+    copies (``tr_a_dt_sz`` 4, ``get_wei_k_blk(f32)`` 16), same blocking otherwise.
 
     Args:
         c: the primitive's shape (:func:`onednn_call`).
         nthr: oneDNN's thread count (``dnnl_get_max_threads``, i.e. ``torch.get_num_threads()``).
+        f16: the float16 primitive on avx512_core_fp16.
     """
-    blk = _blocking(c, nthr)
+    blk = _blocking(c, nthr, f16)
     if blk is None:
         return None
+    tr_size = _F32 if f16 else _BF16
+    cacheline, wei_k_blk = 64 // tr_size, 16 * (1 if f16 else 2)
     n_blk = min(_WEI_N_BLK, c.n)
     batch_elems = nthr * 16 * _BATCH_ELEMENT  # brgemm_batch_size 1 on this path
-    lda = round_up(blk.k_blk, _CACHELINE_ELEMS)
+    lda = round_up(blk.k_blk, cacheline)
     if lda >= 512 and _is_pow2(lda):
-        lda += _CACHELINE_ELEMS
-    buffer_a = nthr * _BF16 * blk.m_blk * lda if blk.buffer_a else 0
-    buffer_b = nthr * _BF16 * round_up(n_blk, _WEI_N_BLK) * round_up(blk.k_blk, _WEI_K_BLK)
+        lda += cacheline
+    buffer_a = nthr * tr_size * blk.m_blk * lda if blk.buffer_a else 0
+    buffer_b = nthr * tr_size * round_up(n_blk, _WEI_N_BLK) * round_up(blk.k_blk, wei_k_blk)
     if blk.nthr_k > 1:  # LDC = LDD (the dst row), rows: all of M
         buffer_c = nthr * _F32 * c.n * c.m
     else:
@@ -321,16 +337,39 @@ def matmul_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], inf
     operands = _matmul_operands(func, args)
     if operands is None or not onednn_matmul(operands[0].dtype, operands[0].numel(), operands[1], info):
         return 0
-    if operands[0].dtype != torch.bfloat16 or info.isa != MODELLED_ISA:
+    dtype, nthr = operands[0].dtype, torch.get_num_threads()
+    if nthr not in MODELLED_THREADS or (info.isa, dtype) not in _MODELLED:
         return None
-    nthr = torch.get_num_threads()
     call = onednn_call(func, args, kwargs)
-    if call is None or nthr not in MODELLED_THREADS:
+    if call is None or (info.isa == AMX_ISA and dtype == torch.bfloat16 and not _dense(operands[0])):
         return None
-    scratchpad = brgemm_scratchpad(call, nthr)
+    if dtype == torch.float16 and call.m == 1 and call.batch == 1:
+        return None  # a vector product: ATen's own f16 gemv takes some (measured, thread-dependent), not modelled
+    scratchpad = _scratchpad(call, nthr, info.isa, dtype)
     if scratchpad is None:
         return None
     return scratchpad + (linear_copies(args) if func is aten.linear.default else bmm_copies(func, args))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether a src has no padded leading dimension: the AMX heuristics read its real ``lda`` (measured: a
+    padded row differs), which :class:`OnednnMatmul` does not carry."""
+    if t.is_contiguous():
+        return True
+    return t.dim() >= 2 and t.transpose(-1, -2).is_contiguous()
+
+
+def _scratchpad(c: OnednnMatmul, nthr: int, isa: str, dtype: torch.dtype) -> int | None:
+    """The scratchpad of the implementation oneDNN picks (``cpu_matmul_list.cpp``): on avx512_core_amx, bf16
+    goes to ``brg_matmul:avx512_core_amx`` unless that refuses the shape, then to ``avx512_core_bf16``; f16
+    (no AMX-FP16) to ``avx512_core_fp16``."""
+    if isa == MODELLED_ISA:
+        return brgemm_scratchpad(c, nthr)
+    if dtype == torch.float16:
+        return brgemm_scratchpad(c, nthr, f16=True)
+    b_transposed = c.b_transposed and c.k > 1 and c.n > 1  # a vector matches ab first
+    amx = amx_scratchpad(c.m, c.k, c.n, c.batch, c.a_transposed, b_transposed, nthr, _book)
+    return amx if amx is not None else brgemm_scratchpad(c, nthr)
 
 
 def _rule(func: Any) -> Any:

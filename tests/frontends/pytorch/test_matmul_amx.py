@@ -1,0 +1,158 @@
+"""The oneDNN scratchpad of bfloat16 and float16 matmuls on ISA avx512_core_amx (workspace/matmul_amx.py and the
+f16 branch of workspace/matmul.py) against the profiler's measurement of the same op.
+
+bf16 runs ``brg_matmul:avx512_core_amx`` (or ``avx512_core_bf16`` for the shapes AMX refuses), f16 runs
+``brg_matmul:avx512_core_fp16`` (no AMX-FP16). The measured tests skip on a CPU whose oneDNN ISA is another;
+the regression test with a synthetic CPU runs anywhere.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import calibrate_workspace as calibrate
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nnmem import cpu
+from nnmem.frontends.pytorch.workspace import note_for
+from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_THREADS, matmul_scratch
+
+HOST = cpu.describe()
+AMX = cpu.CpuInfo(model="test", arch="x86_64", flags=(), isa=AMX_ISA)
+_MATMULS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+            "aten.linear.default")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _require_amx(threads: int) -> None:
+    if not torch.backends.mkldnn.is_available() or HOST.isa != AMX_ISA:
+        pytest.skip(f"this test measures oneDNN's matmuls on ISA {AMX_ISA}; this CPU ({HOST.model}) runs {HOST.isa}")
+    if threads not in MODELLED_THREADS:
+        pytest.skip(f"the oneDNN matmul scratchpad is modelled at {MODELLED_THREADS} threads, not {threads}")
+
+
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _dim(rng: random.Random, dtype: torch.dtype) -> int:
+    """A seeded dimension; no 1 for float16, whose vector products ATen sometimes keeps (noted, not modelled)."""
+    low = 2 if dtype == torch.float16 else 1
+    return rng.choice([low, 2, 3, 7, 16, 17, 31, 32, 33, 64, 65, 100, 127, 128, 255, 256, 300, 511, 512, 513, 777,
+                       1000, 1024, 2048, 4096, rng.randint(low, 1024)])
+
+
+def _case(rng: random.Random, dtype: torch.dtype) -> tuple[str, Callable[[], Any]] | None:
+    """One seeded matmul step: mm (either operand transposed), F.linear with and without bias, bmm (plain or
+    transposed src), and an nn.Linear forward and backward (whose gradients multiply transposed operands)."""
+    m, k, n = _dim(rng, dtype), _dim(rng, dtype), _dim(rng, dtype)
+    kind = rng.choice(["mm", "mm_ta", "mm_tb", "linear", "linear_nobias", "bmm", "bmm_ta", "linear_train"])
+    if m * k * n > 1 << 26:
+        return None
+    if kind.startswith("mm"):
+        a = torch.randn(k, m, dtype=dtype).t() if kind == "mm_ta" else torch.randn(m, k, dtype=dtype)
+        b = torch.randn(n, k, dtype=dtype).t() if kind == "mm_tb" else torch.randn(k, n, dtype=dtype)
+        return f"{kind} {m}x{k}x{n}", lambda: torch.mm(a, b)
+    if kind.startswith("bmm"):
+        batch = rng.randint(1, 6)
+        a = (torch.randn(batch, k, m, dtype=dtype).transpose(1, 2) if kind == "bmm_ta"
+             else torch.randn(batch, m, k, dtype=dtype))
+        b = torch.randn(batch, k, n, dtype=dtype)
+        return f"{kind} {batch}x{m}x{k}x{n}", lambda: torch.bmm(a, b)
+    x = torch.randn(m, k, dtype=dtype)
+    lin = nn.Linear(k, n, bias=kind != "linear_nobias").to(dtype)
+    if kind == "linear_train":
+        x.requires_grad_()
+
+        def step() -> None:
+            y = lin(x)
+            (y.float() ** 2).sum().backward()
+        return f"{kind} {m}x{k}x{n}", step
+    return f"{kind} {m}x{k}x{n}", lambda: F.linear(x, lin.weight, lin.bias)
+
+
+@pytest.mark.parametrize("dtype", sorted(_DTYPES))
+@pytest.mark.parametrize("threads", MODELLED_THREADS)
+def test_amx_matmul_scratch_matches_measurement(threads: int, dtype: str) -> None:
+    """Every matmul op of 40 seeded steps: the rule's bytes equal the allocator's peak inside the op minus its
+    outputs (one scratchpad block from ideep), and no note; at least 30 of them run through oneDNN."""
+    _require_amx(threads)
+    rng, through_onednn, mismatches = random.Random(2027 + threads), 0, []
+    with _threads(threads):
+        for _ in range(40):
+            case = _case(rng, _DTYPES[dtype])
+            if case is None:
+                continue
+            label, fn = case
+            for row in calibrate.measure_ops(fn, training=label.startswith("linear_train")):
+                if row.name not in _MATMULS:
+                    continue
+                through_onednn += row.scratch > 0
+                if row.predicted != row.scratch or row.note is not None:
+                    mismatches.append(f"{label} {row.name} {row.shapes}: measured {row.scratch:,} B, "
+                                      f"rule {row.predicted:,} B, note {row.note}")
+    assert not mismatches, "\n".join(mismatches)
+    assert through_onednn >= 30
+
+
+# (threads, dtype, m, k, n, src transposed) -> scratchpad bytes of torch.mm, measured on an Intel Xeon with AMX
+# (Sapphire Rapids class: 48 KiB L1d, 2 MiB L2 per core), torch 2.13.0 / oneDNN 3.12.0. They cover the macro
+# heuristic's small-dims branches and grid, the micro heuristic (transposed src, 1-row src, copied
+# power-of-two-wide src), and f16 through avx512_core_fp16.
+_MEASURED = {
+    (1, "bf16", 255, 256, 777, False): 414_720,
+    (1, "bf16", 128, 511, 777, False): 840_832,
+    (1, "bf16", 16, 512, 3, False): 34_816,
+    (2, "bf16", 33, 2048, 300, False): 1_399_904,
+    (1, "bf16", 300, 2048, 130, True): 766_208,
+    (2, "bf16", 1024, 4096, 64, False): 1_058_560,
+    (2, "bf16", 64, 2048, 32, True): 933_632,
+    (1, "bf16", 1, 4096, 16, False): 526_336,
+    (1, "fp16", 32, 2048, 127, False): 412_800,
+    (1, "fp16", 300, 7, 17, False): 25_048,
+    (2, "fp16", 1000, 512, 65, False): 1_447_936,
+    (2, "fp16", 300, 2048, 130, True): 1_127_936,
+}
+
+
+@pytest.mark.parametrize(("key", "measured"), list(_MEASURED.items()), ids=[str(k) for k in _MEASURED])
+def test_amx_rule_reproduces_measured_sizes(key: tuple[int, str, int, int, int, bool], measured: int,
+                                            torch_threads: Callable[[int], None]) -> None:
+    """A synthetic avx512_core_amx CPU: the rule gives the bytes measured for these shapes (regression data)."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("ATen sends matmuls to oneDNN only in a build with mkldnn")
+    threads, dtype, m, k, n, transposed = key
+    torch_threads(threads)
+    a = torch.zeros(k, m, dtype=_DTYPES[dtype]).t() if transposed else torch.zeros(m, k, dtype=_DTYPES[dtype])
+    b = torch.zeros(k, n, dtype=_DTYPES[dtype])
+    mm = torch.ops.aten.mm.default
+    assert matmul_scratch(mm, (a, b), {}, AMX) == measured
+    assert note_for(mm, (a, b), {}, AMX) is None
+
+
+def test_amx_keeps_the_note_where_not_modelled(torch_threads: Callable[[int], None]) -> None:
+    """A padded bf16 src (the AMX heuristics read its real leading dimension), an f16 vector product and an
+    unmodelled thread count keep the note and get no bytes."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("ATen sends matmuls to oneDNN only in a build with mkldnn")
+    mm = torch.ops.aten.mm.default
+    padded, b = torch.zeros(64, 96, dtype=torch.bfloat16)[:, :64], torch.zeros(64, 64, dtype=torch.bfloat16)
+    torch_threads(MODELLED_THREADS[0])
+    assert matmul_scratch(mm, (padded, b), {}, AMX) is None
+    assert note_for(mm, (padded, b), {}, AMX) is not None
+    row, col = torch.zeros(1, 256, dtype=torch.float16), torch.zeros(256, 64, dtype=torch.float16)
+    assert note_for(mm, (row, col), {}, AMX) is not None  # an f16 vector product
+    torch_threads(max(MODELLED_THREADS) + 1)
+    assert note_for(mm, (b, b), {}, AMX) is not None
