@@ -167,6 +167,73 @@ def measure_ops(fn: Callable[[], Any], *, training: bool, prime: bool = True) ->
 
 
 # ---- the zoo run ---------------------------------------------------------------------------------------
+_MATMUL_DIMS = (2, 3, 7, 16, 17, 31, 32, 33, 64, 65, 100, 127, 128, 255, 256, 300, 511, 512, 513, 777, 1000, 1024,
+                2048, 4096)
+
+
+def matmul_case(rng: Any, dtype: torch.dtype, low: int = 1) -> tuple[str, Callable[[], Any]] | None:
+    """One seeded matmul step for the scratch rules' tests: ``mm`` (either operand transposed), ``F.linear`` with
+    and without bias, ``bmm`` (plain or transposed src), and an ``nn.Linear`` forward and backward (whose
+    gradients multiply transposed operands); dimensions from ``low`` up, None where the product is too big.
+
+    Args:
+        rng: a seeded ``random.Random``.
+        dtype: the operands' type.
+        low: the smallest dimension drawn (2 leaves out vector products).
+    """
+    def dim() -> int:
+        return rng.choice([low, *_MATMUL_DIMS, rng.randint(low, 1024)])
+
+    m, k, n = dim(), dim(), dim()
+    kind = rng.choice(["mm", "mm_ta", "mm_tb", "linear", "linear_nobias", "bmm", "bmm_ta", "linear_train"])
+    if m * k * n > 1 << 26:
+        return None
+    if kind.startswith("mm"):
+        a = torch.randn(k, m, dtype=dtype).t() if kind == "mm_ta" else torch.randn(m, k, dtype=dtype)
+        b = torch.randn(n, k, dtype=dtype).t() if kind == "mm_tb" else torch.randn(k, n, dtype=dtype)
+        return f"{kind} {m}x{k}x{n}", lambda: torch.mm(a, b)
+    if kind.startswith("bmm"):
+        batch = rng.randint(1, 6)
+        src = (torch.randn(batch, k, m, dtype=dtype).transpose(1, 2) if kind == "bmm_ta"
+               else torch.randn(batch, m, k, dtype=dtype))
+        wei = torch.randn(batch, k, n, dtype=dtype)
+        return f"{kind} {batch}x{m}x{k}x{n}", lambda: torch.bmm(src, wei)
+    x = torch.randn(m, k, dtype=dtype)
+    lin = torch.nn.Linear(k, n, bias=kind != "linear_nobias").to(dtype)
+    if kind == "linear_train":
+        x.requires_grad_()
+
+        def step() -> None:
+            y = lin(x)
+            (y.float() ** 2).sum().backward()
+        return f"{kind} {m}x{k}x{n}", step
+    return f"{kind} {m}x{k}x{n}", lambda: torch.nn.functional.linear(x, lin.weight, lin.bias)
+
+
+_MATMUL_OPS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+               "aten.linear.default")
+
+
+def matmul_draws(rng: Any, dtype: torch.dtype, draws: int, low: int = 1) -> tuple[int, list[str]]:
+    """Measure the matmul ops of ``draws`` seeded :func:`matmul_case` steps against their rules: (how many ran
+    through oneDNN, i.e. allocated scratch; one line per op whose rule differs from the measurement or that
+    carries a note)."""
+    through_onednn, mismatches = 0, []
+    for _ in range(draws):
+        case = matmul_case(rng, dtype, low)
+        if case is None:
+            continue
+        label, fn = case
+        for row in measure_ops(fn, training=label.startswith("linear_train")):
+            if row.name not in _MATMUL_OPS:
+                continue
+            through_onednn += row.scratch > 0
+            if row.predicted != row.scratch or row.note is not None:
+                mismatches.append(f"{label} {row.name} {row.shapes}: measured {row.scratch:,} B, "
+                                  f"rule {row.predicted:,} B, note {row.note}")
+    return through_onednn, mismatches
+
+
 def _zoo_step(name: str, mode: str, batch: int) -> tuple[Callable[[], Any], bool]:
     from nnmem import zoo
     from nnmem.frontends.pytorch.step import prepare_step, run_step

@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import calibrate_workspace as calibrate
 import pytest
@@ -25,8 +24,6 @@ from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THRE
 
 HOST = cpu.describe()
 BF16 = torch.bfloat16
-_MATMULS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
-            "aten.linear.default")
 
 
 def _require_modelled_cpu(threads: int) -> None:
@@ -47,59 +44,13 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _dim(rng: random.Random) -> int:
-    return rng.choice([1, 2, 3, 7, 16, 17, 31, 32, 33, 64, 65, 100, 127, 128, 255, 256, 300, 511, 512, 513, 777,
-                       1000, 1024, 2048, 4096, rng.randint(1, 1024)])
-
-
-def _case(rng: random.Random) -> tuple[str, Callable[[], Any]] | None:
-    """One seeded matmul step: mm (either operand transposed), F.linear with and without bias, bmm (plain or
-    transposed src), and an nn.Linear forward and backward (whose gradients multiply transposed operands)."""
-    m, k, n = _dim(rng), _dim(rng), _dim(rng)
-    kind = rng.choice(["mm", "mm_ta", "mm_tb", "linear", "linear_nobias", "bmm", "bmm_ta", "linear_train"])
-    if m * k * n > 1 << 26:
-        return None
-    if kind.startswith("mm"):
-        a = torch.randn(k, m, dtype=BF16).t() if kind == "mm_ta" else torch.randn(m, k, dtype=BF16)
-        b = torch.randn(n, k, dtype=BF16).t() if kind == "mm_tb" else torch.randn(k, n, dtype=BF16)
-        return f"{kind} {m}x{k}x{n}", lambda: torch.mm(a, b)
-    if kind.startswith("bmm"):
-        batch = rng.randint(1, 6)
-        a = torch.randn(batch, k, m, dtype=BF16).transpose(1, 2) if kind == "bmm_ta" else torch.randn(batch, m, k,
-                                                                                                     dtype=BF16)
-        b = torch.randn(batch, k, n, dtype=BF16)
-        return f"{kind} {batch}x{m}x{k}x{n}", lambda: torch.bmm(a, b)
-    x = torch.randn(m, k, dtype=BF16)
-    lin = nn.Linear(k, n, bias=kind != "linear_nobias").to(BF16)
-    if kind == "linear_train":
-        x.requires_grad_()
-
-        def step() -> None:
-            y = lin(x)
-            (y.float() ** 2).sum().backward()
-        return f"{kind} {m}x{k}x{n}", step
-    return f"{kind} {m}x{k}x{n}", lambda: F.linear(x, lin.weight, lin.bias)
-
-
 @pytest.mark.parametrize("threads", MODELLED_THREADS)
 def test_bf16_matmul_scratch_matches_measurement(threads: int) -> None:
     """Every bf16 matmul op of 40 seeded steps: the rule's bytes equal the allocator's peak inside the op minus
     its outputs (one scratchpad block from ideep), and no note; at least 30 of them run through oneDNN."""
     _require_modelled_cpu(threads)
-    rng, through_onednn, mismatches = random.Random(2026), 0, []
     with _threads(threads):
-        for _ in range(40):
-            case = _case(rng)
-            if case is None:
-                continue
-            label, fn = case
-            for row in calibrate.measure_ops(fn, training=label.startswith("linear_train")):
-                if row.name not in _MATMULS:
-                    continue
-                through_onednn += row.scratch > 0
-                if row.predicted != row.scratch or row.note is not None:
-                    mismatches.append(f"{label} {row.name} {row.shapes}: measured {row.scratch:,} B, "
-                                      f"rule {row.predicted:,} B, note {row.note}")
+        through_onednn, mismatches = calibrate.matmul_draws(random.Random(2026), BF16, 40)
     assert not mismatches, "\n".join(mismatches)
     assert through_onednn >= 30
 
