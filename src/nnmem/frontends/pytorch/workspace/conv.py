@@ -40,6 +40,7 @@ from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forw
 from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward, conv_transpose_forward
 from nnmem.frontends.pytorch.workspace.conv_select import (
     ConvCall,
+    bf16_amx_forward,
     bf16_forward_modelled,
     conv_backend,
     conv_call,
@@ -71,6 +72,9 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
             x, weight = x.unsqueeze(2), weight.unsqueeze(2)
         pad = bf16_depthwise_bias(call, bias is not None)
         return conv_forward(x, weight, bias, out, call.groups, info.onednn_block, call.stride, scratchpad=pad)
+    amx = bf16_amx_forward(call, info) if backend == "mkldnn" else None
+    if amx is not None:  # brg_conv_fwd on AMX: conv_bf16_amx
+        return amx
     if call.dtype != torch.float32 and not bf16_forward_modelled(call, info):
         return 0  # not modelled: conv_note says so
     if len(call.x_shape) != 4 and not onednn_3d_forward(call, backend):

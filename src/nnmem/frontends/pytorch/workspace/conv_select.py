@@ -21,9 +21,10 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
     bf16_backward_modelled,
     bf16_depthwise_modelled,
 )
+from nnmem.frontends.pytorch.workspace.conv_bf16_amx import forward_scratch as amx_forward_scratch
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
-from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
+from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_ISA, MODELLED_THREADS
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +158,21 @@ def bf16_forward_modelled(call: ConvCall, info: CpuInfo) -> bool:
     if torch.get_num_threads() not in MODELLED_THREADS:
         return False
     return math.prod(call.w_shape[2:]) > 1 and math.prod(call.out_sizes) > 1 and _jit_bf16_forward_pads(call)
+
+
+def bf16_amx_forward(call: ConvCall, info: CpuInfo) -> int | None:
+    """Scratch bytes of a bfloat16 forward on oneDNN's ``brg_conv_fwd:avx512_core_amx``
+    (:func:`.conv_bf16_amx.forward_scratch`), or None where no rule sizes it: dense, NCHW, 2-D, undilated, on
+    ``avx512_core_amx`` at 1-4 threads, a shape the port follows (``exec_trans`` with output-space blocking)."""
+    if call.dtype != torch.bfloat16 or call.backward or call.transposed or call.groups != 1 or call.one_d:
+        return None
+    if len(call.x_shape) != 4 or call.x_layout != "contiguous" or call.w_layout == "channels_last":
+        return None
+    if info.isa != AMX_ISA or torch.get_num_threads() not in MODELLED_THREADS:
+        return None
+    if any(d != 1 for d in call.dilation) or math.prod(call.x_shape[2:]) == 1:  # one position: nchw is nhwc
+        return None
+    return amx_forward_scratch(call.x_shape, call.w_shape, call.stride, call.padding, torch.get_num_threads())
 
 
 def _jit_bf16_forward_pads(call: ConvCall) -> bool:
@@ -353,7 +369,7 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         return note
     if backend.startswith("mkldnn") and call.dtype != torch.float32 and not bf16_forward_modelled(call, info) \
             and not bf16_backward_modelled(call, info) and not bf16_1x1_modelled(call, info) \
-            and not bf16_depthwise_modelled(call, info):
+            and not bf16_depthwise_modelled(call, info) and bf16_amx_forward(call, info) is None:
         return f"{kind} convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     # A channels-last input is modelled (the Keras-torch zoo's NHWC convolutions measure exact); other strides
     # are not.

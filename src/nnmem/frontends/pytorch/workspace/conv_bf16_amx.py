@@ -1,0 +1,604 @@
+"""The scratch of a bfloat16 forward convolution on oneDNN's ``brg_conv_fwd:avx512_core_amx`` (AMX tiles).
+
+ideep copies the NCHW source to ``acdb``, reorders the weights (``OhwI32o2i``-like), runs the brgemm kernel into
+an ``acdb`` destination with its scratchpad, then copies out. The scratchpad is ported from oneDNN v3.12 (the
+version torch 2.13 bundles), src/cpu/x64/jit_brgemm_conv_utils.cpp: ``init_jcp`` / ``init_conf`` (``exec_trans``
+with output-space blocking, source relayouts included) / ``brg_blocking_t::calc_blocks`` / ``iterate_ker_block``
+/ ``est_eff`` / ``init_scratchpad``; jit_brgemm_conv.cpp ``pd_t::init`` (the kernels behind the tile buffer) and
+brgemm/brgemm_utils.cpp ``brgemm_blocking_tmm``. ``exec_base`` (unpadded rows wider than 50), 1x1 kernels and
+channel counts split into blocks book otherwise: :func:`forward_scratch` returns None for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+_P4K = 4096
+_BATCH_ELEMENT = 40  # sizeof(brgemm_batch_element_t)
+_TILE = 1024  # one AMX tile: 16 rows of 64 bytes
+_SIMD, _ACC_SIMD, _VNNI, _AMX_H = 32, 16, 2, 16  # bf16 lanes of a zmm, f32 lanes, VNNI pair, tile rows
+_BF16, _F32 = 2, 4
+# platform::get_per_core_cache_size on the AMX Xeons (Sapphire, Emerald, Granite Rapids): 48 KiB L1d, 2 MiB L2;
+# init_jcp takes 7/8 of L1 and 3/4 of L2, brgemm_blocking_tmm the whole L1
+_L1_CACHE = 48 * 1024
+_L1 = _L1_CACHE * 7 // 8
+_L2 = 2 * 1024 * 1024 * 3 // 4
+_L1_K, _L2_K, _L3_K, _MEM_K = 1.0, 2.3, 17.0, 17.0
+
+
+def _div_up(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _rnd_up(a: int, b: int) -> int:
+    return _div_up(a, b) * b
+
+
+def _book(size: int) -> int:
+    """``book(..., P4K)``: the size and a page of alignment (nothing for size 0)."""
+    return size + _P4K if size else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A dense 2-D bfloat16 forward as ``init_jcp`` sees it (after ``trans_dim_koef`` folds a strided width)."""
+
+    mb: int
+    ic: int
+    oc: int
+    ih: int
+    iw: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    t_pad: int
+    l_pad: int
+    nthr: int
+    relo: str = ""  # "wi" / "whi": the source relaid out per output column / per output position
+    relo_weights: bool = False  # the weights rearranged at run time into a scratchpad buffer
+
+    @property
+    def kw_koef(self) -> int:
+        return self.kw if self.relo else 1
+
+    @property
+    def kh_koef(self) -> int:
+        return self.kh if self.relo == "whi" else 1
+
+    @property
+    def rd_padded(self) -> bool:
+        """``is_rd_padded_to_block``: the reduction (channels, times the kernel taps a relayout folds) past a zmm."""
+        return self.ic * self.kw_koef * self.kh_koef > _SIMD
+
+    @property
+    def b_pad(self) -> int:
+        return (self.oh - 1) * self.sh + self.kh - (self.ih + self.t_pad)
+
+    @property
+    def r_pad(self) -> int:
+        return (self.ow - 1) * self.sw + self.kw - (self.iw + self.l_pad)
+
+    @property
+    def ihp(self) -> int:
+        return self.ih + self.t_pad + self.b_pad
+
+    @property
+    def iwp(self) -> int:
+        return self.iw + self.l_pad + self.r_pad
+
+
+@dataclass(frozen=True, slots=True)
+class Blocking:
+    """One blocking ``calc_blocks`` weighs: the output-channel block, kernel-height block, output rows."""
+
+    oc_block: int
+    kh_block: int
+    oh_block: int
+    ic_block: int
+    use_buffer: bool
+    lda: int
+    m: int
+    m_tail: int
+    brg_m: int
+    brg_m_tail: int
+    oskip: int
+    k: int
+    k_tail: int
+    ur: int
+    adj_ocblock: int
+    eff: float = 0.0
+
+
+def trans_dim_koef(p: Problem) -> Problem:
+    """``init_jcp``: a strided unpadded width folds ``koef`` columns into the channels."""
+    if not (p.kw > 1 and p.sw > 1 and p.l_pad <= 0 and p.r_pad <= 0 and p.ic % _VNNI == 0
+            and (p.ic <= _SIMD or p.ic % _SIMD == 0)):
+        return p
+    pure_1d = p.mb == 1 and p.ih == 1
+    koef = 1
+    for i in range(1, min(p.kw, p.sw, p.iw) + 1):
+        if ((pure_1d or p.iw % i == 0) and (p.ic * i <= _SIMD or p.ic * i % _SIMD == 0)
+                and p.iw % i == 0 and p.kw % i == 0 and p.sw % i == 0):
+            koef = i
+    if koef == 1:
+        return p
+    return dataclasses.replace(p, ic=p.ic * koef, iw=p.iw // koef, kw=p.kw // koef, sw=p.sw // koef)
+
+
+def _relo(p: Problem, folded: bool) -> Problem:
+    """``init_conf``'s ``try_relo_whi`` (preferred) and ``try_relo_wi`` (neither on a width ``trans_dim_koef``
+    folded): the problem with its relayout and whether the weights are rearranged too."""
+    if folded:
+        return p
+    rd_wi, rd_whi = p.kw * p.ic, p.kh * p.kw * p.ic
+    src_per_ic, wei_per_ic = _BF16 * p.mb * p.ih * p.iw, _BF16 * p.oc * p.kh * p.kw
+    conv_wi = not (p.ic % _VNNI == 0 and (rd_wi <= _SIMD or rd_wi % _SIMD == 0))
+    rnd_wi = _rnd_up(rd_wi, _SIMD)
+    wi = p.kw > 1 and (p.ic < _SIMD // 2 or (rd_wi > _SIMD and rnd_wi / (p.kw * _rnd_up(p.ic, _SIMD)) < 0.5
+                                              and (not conv_wi or wei_per_ic / src_per_ic <= 4)))
+    conv_whi = not (p.ic % _VNNI == 0 and (rd_whi <= _SIMD or rd_whi % _SIMD == 0) and 1 in (p.kh, p.kw))
+    rnd_whi = _rnd_up(rd_whi, _SIMD)
+    whi = ((p.ic < _SIMD // 2 or (rd_whi > _SIMD and rnd_whi / (p.kh * p.kw * _rnd_up(p.ic, _SIMD)) < 0.5
+                                  and (not conv_whi or wei_per_ic / src_per_ic <= 4)))
+           and rd_whi / rnd_whi > rd_wi / rnd_wi and (p.ow > 48 or p.ow % 16 == 0)
+           and (not wi or rd_whi / rnd_whi > 0.7) and p.kh > 1)
+    if whi:
+        return dataclasses.replace(p, relo="whi", relo_weights=conv_whi)
+    if wi:
+        return dataclasses.replace(p, relo="wi", relo_weights=conv_wi)
+    return p
+
+
+@dataclass(slots=True)
+class _Tmm:
+    """The blocking ``brgemm_blocking_tmm`` settles on (mutable while it works)."""
+
+    bd: int
+    ld: int
+    mask: list[int] | None
+    bd_block: int = 0
+    bdb: int = 0
+    bdb_tail: int = 0
+    bd_block2: int = 1
+    ld_block: int = 16
+    ldb: int = 0
+    ldb_tail: int = 0
+    ld_block2: int = 1
+    ldb2: int = 0
+    ldb2_tail: int = 0
+    m_tail: bool = False
+
+    def bdb_for(self, bd_block: int) -> tuple[int, int]:
+        """``find_bdb_bd_mask``: blocks of rows, skipping masked-out rows between blocks (uker)."""
+        if self.mask is None or self.bd == 0:
+            return _div_up(self.bd, bd_block), self.bd % bd_block
+        bdb = tail = 0
+        i = 0
+        while i < self.bd:
+            if self.mask[i] == 0:
+                i += 1
+                continue
+            i += bd_block
+            if i > self.bd:
+                tail = self.bd - i + bd_block
+            bdb += 1
+        return bdb, tail
+
+    def c_tiles(self) -> int:
+        bd2 = self.bdb if self.bdb <= self.bd_block2 else self.bd_block2 + (1 if self.bdb_tail else 0)
+        ld2 = self.ldb if self.ldb <= self.ld_block2 else self.ld_block2 + (1 if self.ldb_tail else 0)
+        return bd2 * ld2
+
+
+def _tmm(bd: int, ld: int, reduce_dim: int, mask: list[int] | None) -> _Tmm:
+    """``brgemm_blocking_tmm`` for a bfloat16 uker (``can_dispatch_uker``) without hints or extendable K."""
+    b = _Tmm(bd, ld, mask, ldb=ld // 16, ldb_tail=ld % 16)
+
+    def mask_block() -> bool:  # find_bd_block_for_bd_mask
+        if mask is None or bd == 0:
+            return False
+        best, min_bdb = min(16, bd), None
+        for blk in range(min(16, bd), 0, -1):
+            bdb, tail = b.bdb_for(blk)
+            if (min_bdb is None or bdb < min_bdb) and tail == 0:
+                min_bdb, best = bdb, blk
+        b.bd_block, b.bdb_tail, b.bdb = best, 0, min_bdb if min_bdb is not None else 2**31 - 1
+        return True
+
+    def by_ld() -> None:
+        if b.bd_block2 == 1 and b.ldb > 0 and b.ldb_tail == 0:
+            b.ld_block2 = 3 if b.ldb % 3 == 0 else 2 if b.ldb % 2 == 0 else 1
+        else:
+            b.ld_block2 = 2 if b.ldb > 0 and b.ldb % 2 == 0 and b.ldb_tail == 0 and b.bd_block2 < 3 else 1
+        b.ldb2, b.ldb2_tail = b.ldb // b.ld_block2, b.ldb % b.ld_block2
+        if b.ld_block2 == 1 and not b.m_tail and b.ldb_tail == 0:
+            b.bd_block2 = 3 if b.bdb >= 3 else 2 if b.bdb >= 2 else 1
+
+    def try_3x1(step: int) -> bool:
+        b.m_tail = False
+        if (step - 1) * 16 < bd < step * 16 and b.ldb_tail == 0:
+            if not mask_block():
+                b.bd_block, b.bdb, b.bdb_tail, b.m_tail = 16, _div_up(bd, 16), bd % 16, True
+            b.bd_block2 = step
+            by_ld()
+            return True
+        return False
+
+    def try_2x2() -> bool:
+        if not mask_block():
+            b.bd_block = next((m for m in range(16, 0, -1) if bd % m == 0), 0)
+            if b.bd_block == 1:
+                b.bd_block, b.bdb_tail = min(16, bd), bd % 16
+                for i in range(16, 0, -1):
+                    if bd % i > b.bdb_tail or bd % i == 0:
+                        b.bd_block, b.bdb_tail = i, bd % i
+                        if bd % i == 0:
+                            break
+            b.bdb, b.bdb_tail = bd // b.bd_block, bd % b.bd_block
+        b.bd_block2 = 2 if b.bdb >= 2 else 1
+        b.m_tail = False
+        by_ld()
+        return not (b.ld_block2 == 1 or b.bd_block2 == 1 or b.bd_block < 8)
+
+    def recalc(bd_block: int, ld_block: int, bd_block2: int, ld_block2: int) -> None:
+        if bd_block:
+            b.bd_block = bd_block
+            b.bdb, b.bdb_tail = b.bdb_for(bd_block)
+            b.m_tail = b.bdb_tail != 0
+        if ld_block:
+            b.ld_block, b.ldb, b.ldb_tail = ld_block, _div_up(ld, ld_block), ld % ld_block
+        if bd_block2:
+            b.bd_block2 = bd_block2
+        if ld_block2:
+            b.ld_block2 = ld_block2
+            b.ldb2, b.ldb2_tail = _div_up(b.ldb, ld_block2), 0
+
+    if not (try_2x2() or try_3x1(3) or try_3x1(2)):
+        try_2x2()
+    recalc(b.bd_block, b.ld_block, b.bd_block2, b.ld_block2)
+    bdb_block_tail = not (b.bd_block > 12 and bd % b.bd_block == 0 and mask is None)
+    ldb_tail_16 = ld % 16 != 0
+    if not bdb_block_tail and not ldb_tail_16:  # 1x(4|5) or (4|5)x1 for a K that fits L1 (K_koef 1)
+        eff_k, low_k = reduce_dim * _BF16, (_L1_CACHE - 4 * 1024) // (6 * 16)
+        k5 = low_k <= eff_k < (_L1_CACHE - 5 * 1024) // (5 * 16)
+        k4 = low_k <= eff_k < (_L1_CACHE - 4 * 1024) // (4 * 16)
+        if ld % 80 == 0 and k5 and bd > 32:
+            recalc(0, 16, 1, 5)
+        elif ld % 64 == 0 and k4 and bd > 32:
+            recalc(0, 16, 1, 4)
+        elif bd % 80 == 0 and k5 and ld > 32:
+            recalc(0, 16, 5, 1)
+        elif bd % 64 == 0 and k4 and ld > 32:
+            recalc(16, 16, 4, 1)
+    weak_ldb = b.ld_block < 8 or b.ldb_tail > 0
+    weak_bdb = b.bd_block < 8 or b.bdb_tail > 0
+    ldb_only, bdb_only = ldb_tail_16 and not bdb_block_tail, bdb_block_tail and not ldb_tail_16
+    ld16, bd16 = _rnd_up(ld, 16), _rnd_up(bd, 16)
+    if ldb_only and ld > 64 and b.ld_block < 8:
+        recalc(0, 16, 2, 1)
+    elif ldb_only and weak_ldb and ld16 in (64, 48, 32):
+        recalc(0, 16, {64: 1, 48: 1, 32: 2}[ld16], {64: 4, 48: 3, 32: 2}[ld16])
+    elif bd <= 16:
+        recalc(bd, 16, 0, 0)
+        recalc(0, 0, 1, min((3 if b.ldb > 4 else 4) if ldb_tail_16 else 5, _div_up(ld, 16)))
+    elif bdb_only and weak_bdb and bd > 64:
+        recalc(16, 16, 1, 2)
+    elif bdb_only and weak_bdb and bd16 in (64, 48):
+        recalc(16, 16, bd16 // 16, 1)
+    elif bdb_only and weak_bdb and bd16 == 32 and ld % 32 == 0:
+        recalc(16, 16, 2, 2)
+    elif ld <= 16:
+        recalc(16, 16, 0, 0)
+        recalc(0, 0, min((3 if b.bdb > 4 else 4) if b.bdb_tail else 5, _div_up(bd, 16)), 1)
+    elif bdb_block_tail and ldb_tail_16 and bd16 == 32 and ld16 == 32 and (weak_ldb or weak_bdb):
+        recalc(16, 16, 2, 2)
+    return b
+
+
+class _Unmodelled(Exception):
+    """A branch of oneDNN's selection this port does not follow."""
+
+
+def _inp_size(max_src: int, dst: int, k: int, stride: int) -> int:
+    """``brg_blocking_t::get_inp_size`` (no dilation)."""
+    return min(max_src, (dst - 1) * min(k, stride) + k)
+
+
+def _oh_block(p: Problem, ic_block: int, oc_block: int) -> int:
+    """``iterate_ker_block``'s rows per block on ``exec_trans``: fit L2, then L1 (AMX), then the threads."""
+    if p.relo == "whi":
+        return 1
+    w_block = 2 * _BF16 * ic_block * p.iwp + _BF16 * p.ow * oc_block
+    other = _BF16 * p.kh * p.kw * ic_block * oc_block + _F32 * 2 * _AMX_H * oc_block
+    l2_available = min(_div_up(_L2, 2), 0 if other > _L2 else _L2 - other)
+    oh_block = max(1, min(p.oh, l2_available // w_block)) if p.ihp * w_block > l2_available else p.oh
+    cur = oh_block
+    src_w_block = _BF16 * p.ic * p.iwp + _BF16 * p.ow * oc_block
+    if src_w_block < _L1:
+        cur = max(1, min(p.oh, _L1 // src_w_block))
+    for tmp in range(cur, 0, -1):
+        if p.oh / _rnd_up(p.oh, tmp) > 0.9 and tmp * p.iwp > 128:
+            oh_block = tmp
+            break
+    thr_oc_block = _div_up(p.nthr, p.mb * _div_up(p.oc, oc_block))
+    return min(oh_block, _div_up(p.oh, thr_oc_block))
+
+
+def _ic_block(p: Problem) -> int:
+    """``select_ic_block`` on AMX, ``exec_trans``: one block of all the channels (fewer than 5 zmm's worth)."""
+    if p.kh * p.ic * _BF16 > 8 * 1024:
+        raise _Unmodelled("ic split into equal blocks")
+    # past one zmm, nb_icb = nb_simd blocks (efficiency 1)
+    block = _rnd_up(p.ic, _VNNI) if p.ic * p.kw_koef * p.kh_koef <= _SIMD else _div_up(p.ic, _SIMD) * _SIMD
+    return max(block, p.ic) if p.relo else block
+
+
+def _blocking(p: Problem, oc_block: int, kh_block: int) -> Blocking:
+    """``iterate_ker_block`` + ``estimate_brgemm_ur`` for one candidate (output-space blocking: ``ow_block = ow``)."""
+    ic_block = _ic_block(p)
+    oh_block = _oh_block(p, ic_block, oc_block)
+    use_buffer = kh_block != p.kh  # bf16 destination, f32 accumulators: a buffer when the sum is split
+    inp_ic_block = p.ic if p.relo else ic_block
+    lda = p.kh_koef * p.sw * inp_ic_block * (p.kw if p.ow == 1 else 1)
+    sp, sp_block = p.ow * p.oh, p.ow * oh_block
+    m, m_tail = (sp_block if sp >= sp_block else 0), sp % sp_block
+    adj_sh = 1 if p.relo == "whi" else p.sh
+    oskip = (0 if p.ow == 1 else (p.kw - 1) // p.sw * adj_sh) + (adj_sh - 1) * p.ow
+    brg_m, brg_m_tail = m + oskip * (_div_up(m, p.ow) - 1), m_tail + oskip * _div_up(m_tail, p.ow)
+    adj_ow = p.ow + oskip  # use_M_mask == 2: rows rounded so that bd blocks never start in the skipped columns
+    i = 0
+    while i < brg_m:
+        i += _AMX_H if i % adj_ow < p.ow else 1
+    brg_m = i
+    start = (p.oh * p.ow // sp_block * sp_block) % p.ow
+    i = 0
+    while i < brg_m_tail:
+        i += _AMX_H if (i + start) % adj_ow < p.ow else 1
+    brg_m_tail = i
+    n = oc_block if p.oc >= oc_block else 0
+    if p.relo:
+        k_full = _rnd_up(p.kh_koef * p.kw * inp_ic_block, _VNNI)
+        k_full = _rnd_up(k_full, _SIMD) if k_full > _SIMD else k_full
+        k, k_tail = (k_full if p.ic >= ic_block else 0), k_full
+    else:
+        k = ic_block if p.ic >= ic_block else 0
+        k_tail = _rnd_up(p.ic % ic_block, _SIMD if ic_block % _SIMD == 0 else _VNNI)
+    t = _tmm(m or m_tail, n or p.oc % oc_block, k or k_tail, None)
+    ld_block2 = t.ld_block2 if _div_up(t.ldb, t.ld_block2) else 0
+    return Blocking(oc_block, kh_block, oh_block, ic_block, use_buffer, lda, m, m_tail, brg_m, brg_m_tail,
+                    oskip, k, k_tail, t.bd_block * t.bd_block2, max(1, ld_block2))
+
+
+def _grid_coverage(nb: int, x: int, nx: int, xb: int, y: int, yb: int) -> int:
+    """``brg_blocking_t::grid_coverage``: the area ``nb`` blocks cover."""
+    nb_x, nb_y = _div_up(x, xb), _div_up(y, yb)
+    yb_last, xb_last = nb // (nx * nb_x), nb % (nx * nb_x)
+    y1_end = yb_last % nb_y * yb
+    y2_end = min(y, y1_end + yb)
+    x_tail = (x * (xb_last // nb_x) + xb_last % nb_x * xb) * (y2_end - y1_end)
+    return nx * (yb_last // nb_y) * x * y + x * nx * y1_end + x_tail
+
+
+def _io_k(sizes: tuple[int, int, int], n: float, pk: float, broadcast: bool, shared: bool,
+          use_buffer: bool) -> float:
+    """``brg_blocking_t::io_k``: the relative cost of one access to an array repeated ``n`` times."""
+    if n < 1:
+        return 0.0
+    if n == 1:
+        return pk
+    src, wei, dst = sizes
+    amount = (src + wei + dst) * _BF16 + (dst * _F32 if use_buffer else 0)
+    far = _L3_K if shared else _MEM_K
+    if broadcast:
+        k = _L1_K if src * _BF16 < _L1 else _L2_K if amount < _L2 else far
+    else:
+        k = _L2_K if amount < _L2 else far
+    return (pk + k * (n - 1)) / n
+
+
+def _squeeze(eff: float, koeff: float) -> float:
+    k = 1.0 / koeff
+    return (k - 1 + eff) / k if k > 1.0 else eff * koeff
+
+
+def est_eff(p: Problem, b: Blocking) -> float:
+    """``brg_blocking_t::est_eff`` for a candidate (``loop_ndhwgc``, one group, 2-D, output-space blocking)."""
+    nb_oc, nb_kh, nb_oh = _div_up(p.oc, b.oc_block), _div_up(p.kh, b.kh_block), _div_up(p.oh, b.oh_block)
+    sp, sp_block = p.oh * p.ow, p.ow * b.oh_block
+    nb_sp = _div_up(sp, sp_block)
+    ur, kw, kh, ic, ocb = b.ur, p.kw, p.kh, p.ic, b.oc_block
+    m_regs = _div_up(ur, _AMX_H)
+    micro = (b.adj_ocblock * m_regs) / ((b.adj_ocblock + m_regs) * 8)
+    ur_eff = sp_block / _rnd_up(sp_block, ur)
+    brgemm_eff = _squeeze(ur * (2.0 - min(1.9, ur / sp_block)) / 64, 0.5)
+    sp_amount = nb_oh * nb_sp
+    work = sp_amount * p.mb * nb_oc
+    sp_eff, oc_block_eff = sp / _rnd_up(sp, sp_block), p.oc / _rnd_up(p.oc, ocb)
+    job = _div_up(work, p.nthr)
+    max_job = _grid_coverage(job, p.oc, 1, ocb, sp, sp_block)  # balance211: thread 0 takes div_up
+    job_eff = 1.0 if max_job == 0 else p.mb * p.oh * p.ow * p.oc / (max_job * p.nthr)
+
+    def rnd_inp_simd(out_w: int, ker_w: int, vic: int) -> int:
+        vsp = _inp_size(p.iw, out_w, ker_w, p.sw)
+        return _rnd_up(vsp * vic, _SIMD) if p.sw == 1 and vic >= ic else vsp * _rnd_up(vic, _SIMD)
+
+    ocb_ic = ocb * b.ic_block
+    nb_oc_thr = min(nb_oc, job)
+    nsimd_oc_thr = _div_up(min(p.oc, nb_oc_thr * ocb), _SIMD)
+    nb_sp_thr = min(nb_sp, _div_up(job, nb_oc))
+    sp_thr = min(sp, nb_sp_thr * sp_block)
+    mb_thr = min(p.mb, _div_up(job, sp_amount * nb_oc))
+    wei_op = kh * kw * nsimd_oc_thr * ic
+    src_sp = kh * rnd_inp_simd(sp_block, kw, ic)
+    src_thr = kh * rnd_inp_simd(sp_thr, kw, ic)
+    src_op, dst_op = mb_thr * sp_thr * kh * kw * ic, mb_thr * sp_thr * nsimd_oc_thr
+    src_ur = rnd_inp_simd(ur, kw, b.ic_block)
+    wei_is = b.kh_block * kw * ocb_ic
+    # per loop, innermost first: (src, wei, dst) iteration sizes, (src, wei, dst) repeats, src's overlap
+    loops = (
+        ((_inp_size(p.iw, ur, kw, p.sw) * _SIMD, ocb, 0), (1, 1, 1), _ACC_SIMD),  # brgemm: by simd_w
+        ((src_ur, ocb_ic, 0), (1, 1, 1), kw),  # by kw in kw_block
+        ((src_ur, kw * ocb_ic, 0), (1, 1, 1), 1),  # by batch
+        ((b.kh_block * src_ur, wei_is, ur * ocb), (1, _div_up(sp_block, ur), 1), 1),  # by ur in sp_block
+        ((b.kh_block * rnd_inp_simd(sp_block, kw, b.ic_block), wei_is, sp_block * ocb), (1, 1, nb_kh), 1),
+        ((kh * rnd_inp_simd(sp_block, kw, b.ic_block), kh * kw * ocb_ic, sp_block * ocb), (1, 1, 1), 1),
+        ((src_sp, kh * kw * ocb * ic, sp_block * ocb), (nb_oc_thr, 1, 1), 1),  # harness: by oc_block
+        ((src_sp, wei_op * _SIMD, sp_block * _SIMD * nsimd_oc_thr), (1, nb_sp_thr, 1), 1),  # by sp_blocks
+        ((b.oh_block * src_thr, wei_op * _SIMD, sp_thr * _SIMD * nsimd_oc_thr), (1, 1, 1), 1),  # by oh_blocks
+        ((src_thr, wei_op * _SIMD, sp_thr * _SIMD * nsimd_oc_thr), (1, 1, 1), 1),  # by od_blocks
+        ((src_thr, kh * kw * nsimd_oc_thr * _SIMD * ic, sp_thr * nsimd_oc_thr * _SIMD), (1, mb_thr, 1), 1),
+        ((src_op, wei_op * _SIMD, dst_op * _SIMD), (1, 1, 1), 1),  # bench_iterations
+    )
+    src_k = dst_k = wei_k = _MEM_K
+    src_rp = dst_rp = wei_rp = 1.0
+    for sizes, (src_n, wei_n, dst_n), overlap in reversed(loops):
+        src_k = _io_k(sizes, float(src_n * overlap), src_k, True, False, b.use_buffer)
+        dst_k = _io_k(sizes, float(dst_n), dst_k, False, False, b.use_buffer)
+        wei_k = _io_k(sizes, float(wei_n), wei_k, False, True, b.use_buffer)
+        src_rp, dst_rp, wei_rp = src_rp * src_n, dst_rp * dst_n, wei_rp * wei_n
+    cost = (src_k * src_op * src_rp + dst_k * dst_op * dst_rp + wei_k * wei_op * wei_rp
+            + 1000.0 * job * nb_kh)
+    cache_eff = p.mb * p.oh * sp * ic * p.oc / (p.nthr * cost)
+    return oc_block_eff * micro * sp_eff * job_eff * ur_eff * cache_eff * brgemm_eff
+
+
+def _calc_blocks(p: Problem, oc_block: int) -> Blocking:
+    """``calc_blocks``: the better of the whole kernel height and one row per batch (the first on a tie)."""
+    best: Blocking | None = None
+    for kh_block in dict.fromkeys((p.kh, 1)):
+        cand = _blocking(p, oc_block, kh_block)
+        cand = dataclasses.replace(cand, eff=est_eff(p, cand))
+        if best is None or cand.eff > best.eff or best.eff == 0:
+            best = cand
+    assert best is not None
+    return best
+
+
+def _oc_blocks(p: Problem) -> list[int]:
+    """``try_exec_type``'s output-channel blocks, largest first: up to four 16-lane blocks, two for a small AMX
+    job with output-space blocking, less those ``fast_check_oc_block`` rejects."""
+    job = _div_up(p.mb * _div_up(p.oh * p.ow, 64) * _div_up(p.oc, 64), p.nthr)
+    start = min(_div_up(p.oc, _ACC_SIMD), 2 if job < 64 or p.oc < 256 else 4)
+    rnd_oc, blocks = _rnd_up(p.oc, _ACC_SIMD), []
+    for ocb in range(start, 0, -1):
+        block = ocb * _ACC_SIMD
+        if block == 64 and not (rnd_oc % 64 == 0 and rnd_oc * _BF16 < 192 * 4):
+            continue
+        if block == 48 and not (rnd_oc % 48 == 0 and rnd_oc * _BF16 <= 384 * 4
+                                and p.ih * p.iw > 81 * p.sh * p.sw):
+            continue
+        blocks.append(block)
+    return blocks
+
+
+def select_blocking(p: Problem) -> Blocking:
+    """``try_exec_type`` on ``exec_trans``: the most efficient of :func:`_oc_blocks` (the first on a tie)."""
+    best: Blocking | None = None
+    for oc_block in _oc_blocks(p):
+        cand = _calc_blocks(p, oc_block)
+        if best is None or cand.eff > best.eff:
+            best = cand
+    assert best is not None
+    return best
+
+
+def _bd_mask(p: Problem, b: Blocking, vm: int, size: int) -> list[int]:
+    """``add_brg_descriptor``'s row mask: ``ow`` rows per output row, then ``oskip`` skipped ones."""
+    mask: list[int] = []
+    i_m = 0
+    for _ in range(b.oh_block):
+        on = 0 if i_m >= vm else 1
+        for _ in range(p.ow):
+            if len(mask) < size:
+                mask.append(on)
+                i_m += on
+        mask.extend([0] * min(b.oskip, size - len(mask)))
+    return mask + [0] * (size - len(mask))
+
+
+def tile_buffer(p: Problem, b: Blocking) -> int:
+    """``amx_buf_size_per_thread``: the largest kernel's C tiles, rounded past the next page."""
+    ms = [b.m] + ([b.m_tail] if b.m_tail and b.m_tail != b.m else [])
+    n_tail = p.oc % b.oc_block
+    ns = ([b.oc_block] if p.oc >= b.oc_block else []) + ([n_tail] if n_tail and n_tail != b.oc_block else [])
+    wsp = 0
+    for vm in ms:
+        brg_m = b.brg_m if vm == b.m else b.brg_m_tail
+        for vn in ns:
+            wsp = max(wsp, _tmm(brg_m, vn, b.k or b.k_tail, _bd_mask(p, b, vm, brg_m)).c_tiles() * _TILE)
+    return _rnd_up(wsp + 1, _P4K)
+
+
+def scratchpad(p: Problem, b: Blocking) -> int:
+    """``init_scratchpad``: batch elements, the transposed-input buffer and its mask, the accumulation buffer
+    (a split kernel height), the AMX tile buffer, each per thread and booked page-aligned."""
+    batch = _div_up(_rnd_up(b.kh_block * p.kw * _BATCH_ELEMENT, _P4K), _BATCH_ELEMENT) * _BATCH_ELEMENT
+    hs = _inp_size(p.ihp, b.oh_block, p.kh, p.sh) + max(0, p.t_pad) + max(0, p.b_pad)
+    hs = _div_up(_rnd_up(hs * p.iwp, b.brg_m), p.iwp) + p.kh
+    inp = p.kh_koef * hs * p.iwp * b.lda
+    if p.relo == "whi":  # the buffer pointer shifts each output row, and a full zmm is written past the end
+        inp += (p.oh - 1) * b.oh_block * p.sh * b.lda + b.lda
+    inp = _rnd_up(inp, _P4K)
+    relo_wei = 0
+    if p.relo:  # the rearranged weights (booked for any relayout)
+        rd, rd_koef = (p.kw * p.kh * p.ic, 1) if p.relo == "whi" else (p.kw * p.ic, p.kh)
+        non_oc = rd_koef * _rnd_up(rd, _VNNI * (16 if p.rd_padded else 1))
+        relo_wei = _rnd_up(_div_up(p.oc, b.oc_block) * b.oc_block * non_oc, 1024) * _BF16
+    mask = _rnd_up(_div_up(p.oh, b.oh_block), _P4K)
+    buffer = b.oc_block * b.m * _F32 if b.use_buffer else 0
+    return sum(_book(p.nthr * size) for size in (batch, inp * _BF16, mask, buffer, tile_buffer(p, b))) \
+        + _book(relo_wei)
+
+
+def problem(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
+            padding: tuple[int, ...], nthr: int) -> Problem | None:
+    """The problem (``trans_dim_koef`` folded) of a dense 2-D bfloat16 forward whose scratchpad
+    :func:`scratchpad` sizes (``exec_trans`` with output-space blocking and the uker); None for any other."""
+    (mb, ic, ih, iw), (oc, _, kh, kw) = x_shape, w_shape
+    oh, ow = ((i + 2 * pd - k) // s + 1 for i, pd, k, s in zip((ih, iw), padding, (kh, kw), stride))
+    if kh * kw == 1 or oh < 1 or ow < 1 or (ic == oc and ic in (128, 256) and oh == ow == 150):
+        return None  # 1x1: init_1x1_conf; the last: two ssd_resnet34 shapes oneDNN sends elsewhere
+    p0 = Problem(mb, ic, oc, ih, iw, oh, ow, kh, kw, stride[0], stride[1], padding[0], padding[1], nthr)
+    p = trans_dim_koef(p0)
+    if p.oh * p.ow <= 4 and p.ic <= 512 and p.mb * p.ic * p.oc <= _L1:
+        return None  # "small shape": another kernel
+    if p.t_pad >= p.kh or p.r_pad >= p.kw:
+        return None  # init_conf refuses a padding as large as the kernel
+    p = _relo(p, p != p0)  # a relayout runs exec_trans
+    if (not p.relo and p.l_pad <= 0 and p.r_pad <= 0 and p.ow > 50
+            and (p.ic % _VNNI == 0 if p.ic <= _SIMD else p.ic % _SIMD == 0)):
+        return None  # exec_base
+    if (p.ow >= 256 and not p.relo) or p.iwp >= 10800:
+        return None  # no uker
+    if not (p.t_pad < p.kh and p.b_pad < p.kh and p.r_pad < p.kw and p.l_pad < p.kw):
+        return None  # no output-space blocking
+    return p
+
+
+def forward_scratch(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
+                    padding: tuple[int, ...], nthr: int) -> int | None:
+    """Scratch bytes of ideep's bfloat16 forward on AMX beyond its output, or None where not sized here.
+
+    Sequence: ``[scratchpad, src acdb, weights, dst acdb, -weights, -src, -scratchpad, out, copy, -copy, -dst]``:
+    the peak is the kernel's inputs with its destination, or the destination with two output-sized copies.
+    """
+    p = problem(x_shape, w_shape, stride, padding, nthr)
+    if p is None:
+        return None
+    try:
+        b = select_blocking(p)
+        pad = scratchpad(p, b)
+    except _Unmodelled:
+        return None
+    (mb, ic, ih, iw), (oc, _, kh, kw) = x_shape, w_shape
+    if p.relo_weights:  # Ohwi16o / Owhi16o
+        wei = _rnd_up(oc, 16) * ic * kh * kw * _BF16
+    else:
+        wei = _rnd_up(oc, b.oc_block) * _rnd_up(ic, _SIMD if p.rd_padded else _VNNI) * kh * kw * _BF16
+    out = mb * oc * ((ih + 2 * padding[0] - kh) // stride[0] + 1) * ((iw + 2 * padding[1] - kw) // stride[1] + 1)
+    out *= _BF16
+    return max(pad + mb * ic * ih * iw * _BF16 + wei, 2 * out)
