@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nnmem.frontends.pytorch.workspace.brgemm_tmm import blocking_tmm
 from nnmem.frontends.pytorch.workspace.matmul_amx_macro import (
     _BF16,
     _F,
     _F32,
-    _L1,
     _L2_THR,
     _TILE,
     _WEI_K_BLK,
@@ -184,98 +184,6 @@ def _micro(m: int, k: int, n: int, batch: int, nthr: int, n_blk0: int, buf_a: bo
     return best if best.score != 0 else None
 
 
-def _c_tiles(bd: int, ld: int, reduce_dim: int) -> int:
-    """``brgemm_desc_t::get_num_C_tiles`` after ``brgemm_blocking_tmm`` (micro-kernel, no bd mask)."""
-    b = {"bd_block": 0, "bdb": 0, "bdb_tail": 0, "bd_block2": 1, "ld_block": 16, "ldb": ld // 16,
-         "ldb_tail": ld % 16, "ld_block2": 1, "m_tail": False}
-
-    def by_ld() -> None:
-        ldb, ldb_tail = b["ldb"], b["ldb_tail"]
-        if b["bd_block2"] == 1 and ldb > 0 and ldb_tail == 0:
-            b["ld_block2"] = 3 if ldb % 3 == 0 else 2 if ldb % 2 == 0 else 1
-        else:
-            b["ld_block2"] = 2 if ldb > 0 and ldb % 2 == 0 and ldb_tail == 0 and b["bd_block2"] < 3 else 1
-        if b["ld_block2"] == 1 and not b["m_tail"] and ldb_tail == 0:
-            b["bd_block2"] = 3 if b["bdb"] >= 3 else 2 if b["bdb"] >= 2 else 1
-
-    def try_2x2() -> bool:
-        b["bd_block"] = next(mb for mb in range(16, 0, -1) if bd % mb == 0)
-        if b["bd_block"] == 1:
-            b["bd_block"], tail = min(16, bd), bd % 16
-            for i in range(16, 0, -1):
-                if bd % i > tail or bd % i == 0:
-                    b["bd_block"], tail = i, bd % i
-                    if tail == 0:
-                        break
-        b["bdb"], b["bdb_tail"] = bd // b["bd_block"], bd % b["bd_block"]
-        b["bd_block2"] = 2 if b["bdb"] >= 2 else 1
-        b["m_tail"] = False
-        by_ld()
-        return not (b["ld_block2"] == 1 or b["bd_block2"] == 1 or b["bd_block"] < 8)
-
-    def try_3x1(step: int) -> bool:
-        b["m_tail"] = False
-        if (step - 1) * 16 < bd < step * 16 and b["ldb_tail"] == 0:
-            b["bd_block"], b["bdb"], b["bdb_tail"], b["m_tail"] = 16, _div_up(bd, 16), bd % 16, True
-            b["bd_block2"] = step
-            by_ld()
-            return True
-        return False
-
-    def recalc(bd_block: int, ld_block: int, bd_block2: int, ld_block2: int) -> None:
-        if bd_block:
-            b["bd_block"], b["bdb"], b["bdb_tail"] = bd_block, _div_up(bd, bd_block), bd % bd_block
-        if ld_block:
-            b["ld_block"], b["ldb"], b["ldb_tail"] = ld_block, _div_up(ld, ld_block), ld % ld_block
-        if bd_block2:
-            b["bd_block2"] = bd_block2
-        if ld_block2:
-            b["ld_block2"] = ld_block2
-
-    if not (try_2x2() or try_3x1(3) or try_3x1(2)):
-        try_2x2()
-    recalc(b["bd_block"], b["ld_block"], b["bd_block2"], b["ld_block2"])
-    eff_k, low_k = reduce_dim * _BF16, (_L1 - 4 * 1024) // (6 * 16)
-    bdb_block_tail = not (b["bd_block"] > 12 and bd % b["bd_block"] == 0)
-    ldb_tail_16 = ld % 16 != 0
-    if not bdb_block_tail and not ldb_tail_16:
-        k5 = low_k <= eff_k < (_L1 - 5 * 1024) // (5 * 16)
-        k4 = low_k <= eff_k < (_L1 - 4 * 1024) // (4 * 16)
-        if ld % 80 == 0 and k5 and bd > 32:
-            recalc(0, 16, 1, 5)
-        elif ld % 64 == 0 and k4 and bd > 32:
-            recalc(0, 16, 1, 4)
-        elif bd % 80 == 0 and k5 and ld > 32:
-            recalc(0, 16, 5, 1)
-        elif bd % 64 == 0 and k4 and ld > 32:
-            recalc(16, 16, 4, 1)
-    weak_ldb = b["ld_block"] < 8 or b["ldb_tail"] > 0
-    weak_bdb = b["bd_block"] < 8 or b["bdb_tail"] > 0
-    ldb_only, bdb_only = ldb_tail_16 and not bdb_block_tail, bdb_block_tail and not ldb_tail_16
-    ld16, bd16 = _rnd_up(ld, 16), _rnd_up(bd, 16)
-    if ldb_only and ld > 64 and b["ld_block"] < 8:
-        recalc(0, 16, 2, 1)
-    elif ldb_only and weak_ldb and ld16 in (64, 48, 32):
-        recalc(0, 16, {64: 1, 48: 1, 32: 2}[ld16], {64: 4, 48: 3, 32: 2}[ld16])
-    elif bd <= 16:
-        recalc(bd, 16, 0, 0)
-        recalc(0, 0, 1, min(((3 if b["ldb"] > 4 else 4) if ldb_tail_16 else 5), _div_up(ld, 16)))
-    elif bdb_only and weak_bdb and bd > 64:
-        recalc(16, 16, 1, 2)
-    elif bdb_only and weak_bdb and bd16 in (64, 48):
-        recalc(16, 16, bd16 // 16, 1)
-    elif bdb_only and weak_bdb and bd16 == 32 and ld % 32 == 0:
-        recalc(16, 16, 2, 2)
-    elif ld <= 16:
-        recalc(16, 16, 0, 0)
-        recalc(0, 0, min(((3 if b["bdb"] > 4 else 4) if b["bdb_tail"] else 5), _div_up(bd, 16)), 1)
-    elif bdb_block_tail and ldb_tail_16 and bd16 == 32 and ld16 == 32 and (weak_ldb or weak_bdb):
-        recalc(16, 16, 2, 2)
-    bd2 = b["bdb"] if b["bdb"] <= b["bd_block2"] else b["bd_block2"] + (1 if b["bdb_tail"] else 0)
-    ld2 = b["ldb"] if b["ldb"] <= b["ld_block2"] else b["ld_block2"] + (1 if b["ldb_tail"] else 0)
-    return bd2 * ld2
-
-
 def _conf(m: int, k: int, n: int, batch: int, a_transposed: bool, b_transposed: bool, nthr: int
           ) -> tuple[Amx, int] | None:
     """The AMX configuration and ``wei_n_blk`` (``compute_blocking_heuristic``), None on a blocking failure."""
@@ -309,7 +217,7 @@ def _kernel_wsp(vm: int, vn: int, vk: int, bs: int, conf: Amx) -> int | None:
     rdb, rdb_tail = vk // rd_block, vk % rd_block
     if not (may_extend or conf.fused_copy_a) and ((rdb > 0 and rdb_tail) or rdb_tail % 2):
         return None
-    wsp = _c_tiles(vm, vn, vk) * _TILE + (_TILE if may_extend else 0)
+    wsp = blocking_tmm(vm, vn, vk, None).c_tiles() * _TILE + (_TILE if may_extend else 0)
     return wsp + (bs * vm * _rnd_up(vk, 32) * _BF16 if conf.fused_copy_a else 0)
 
 
