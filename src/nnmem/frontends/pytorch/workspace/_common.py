@@ -19,6 +19,11 @@ def alloc_peak(sequence: Sequence[int]) -> int:
     return peak
 
 
+def div_up(value: int, block: int) -> int:
+    """How many ``block``s cover ``value`` (oneDNN's ``div_up``)."""
+    return -(-value // block)
+
+
 def round_up(value: int, block: int) -> int:
     """``value`` rounded up to a multiple of ``block``."""
     return -(-value // block) * block

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nnmem.frontends.pytorch.workspace._common import div_up, round_up
+
 _BF16 = 2
 _L1_CACHE = 48 * 1024  # platform::get_per_core_cache_size(1) on the AMX Xeons; brgemm_blocking_tmm takes all of it
 
 
-def _div_up(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _rnd_up(a: int, b: int) -> int:
-    return _div_up(a, b) * b
 
 
 @dataclass(slots=True)
@@ -41,7 +37,7 @@ class Tmm:
     def bdb_for(self, bd_block: int) -> tuple[int, int]:
         """``find_bdb_bd_mask``: blocks of rows, skipping masked-out rows between blocks (uker)."""
         if self.mask is None or self.bd == 0:
-            return _div_up(self.bd, bd_block), self.bd % bd_block
+            return div_up(self.bd, bd_block), self.bd % bd_block
         bdb = tail = 0
         i = 0
         while i < self.bd:
@@ -88,7 +84,7 @@ def blocking_tmm(bd: int, ld: int, reduce_dim: int, mask: list[int] | None) -> T
         b.m_tail = False
         if (step - 1) * 16 < bd < step * 16 and b.ldb_tail == 0:
             if not mask_block():
-                b.bd_block, b.bdb, b.bdb_tail, b.m_tail = 16, _div_up(bd, 16), bd % 16, True
+                b.bd_block, b.bdb, b.bdb_tail, b.m_tail = 16, div_up(bd, 16), bd % 16, True
             b.bd_block2 = step
             by_ld()
             return True
@@ -116,12 +112,12 @@ def blocking_tmm(bd: int, ld: int, reduce_dim: int, mask: list[int] | None) -> T
             b.bdb, b.bdb_tail = b.bdb_for(bd_block)
             b.m_tail = b.bdb_tail != 0
         if ld_block:
-            b.ld_block, b.ldb, b.ldb_tail = ld_block, _div_up(ld, ld_block), ld % ld_block
+            b.ld_block, b.ldb, b.ldb_tail = ld_block, div_up(ld, ld_block), ld % ld_block
         if bd_block2:
             b.bd_block2 = bd_block2
         if ld_block2:
             b.ld_block2 = ld_block2
-            b.ldb2, b.ldb2_tail = _div_up(b.ldb, ld_block2), 0
+            b.ldb2, b.ldb2_tail = div_up(b.ldb, ld_block2), 0
 
     if not (try_2x2() or try_3x1(3) or try_3x1(2)):
         try_2x2()
@@ -143,14 +139,14 @@ def blocking_tmm(bd: int, ld: int, reduce_dim: int, mask: list[int] | None) -> T
     weak_ldb = b.ld_block < 8 or b.ldb_tail > 0
     weak_bdb = b.bd_block < 8 or b.bdb_tail > 0
     ldb_only, bdb_only = ldb_tail_16 and not bdb_block_tail, bdb_block_tail and not ldb_tail_16
-    ld16, bd16 = _rnd_up(ld, 16), _rnd_up(bd, 16)
+    ld16, bd16 = round_up(ld, 16), round_up(bd, 16)
     if ldb_only and ld > 64 and b.ld_block < 8:
         recalc(0, 16, 2, 1)
     elif ldb_only and weak_ldb and ld16 in (64, 48, 32):
         recalc(0, 16, {64: 1, 48: 1, 32: 2}[ld16], {64: 4, 48: 3, 32: 2}[ld16])
     elif bd <= 16:
         recalc(bd, 16, 0, 0)
-        recalc(0, 0, 1, min((3 if b.ldb > 4 else 4) if ldb_tail_16 else 5, _div_up(ld, 16)))
+        recalc(0, 0, 1, min((3 if b.ldb > 4 else 4) if ldb_tail_16 else 5, div_up(ld, 16)))
     elif bdb_only and weak_bdb and bd > 64:
         recalc(16, 16, 1, 2)
     elif bdb_only and weak_bdb and bd16 in (64, 48):
@@ -159,7 +155,7 @@ def blocking_tmm(bd: int, ld: int, reduce_dim: int, mask: list[int] | None) -> T
         recalc(16, 16, 2, 2)
     elif ld <= 16:
         recalc(16, 16, 0, 0)
-        recalc(0, 0, min((3 if b.bdb > 4 else 4) if b.bdb_tail else 5, _div_up(bd, 16)), 1)
+        recalc(0, 0, min((3 if b.bdb > 4 else 4) if b.bdb_tail else 5, div_up(bd, 16)), 1)
     elif bdb_block_tail and ldb_tail_16 and bd16 == 32 and ld16 == 32 and (weak_ldb or weak_bdb):
         recalc(16, 16, 2, 2)
     return b

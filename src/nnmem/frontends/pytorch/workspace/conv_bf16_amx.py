@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from nnmem.frontends.pytorch.workspace._common import div_up, round_up
 from nnmem.frontends.pytorch.workspace.brgemm_tmm import blocking_tmm
 
 _P4K = 4096
@@ -29,12 +30,6 @@ _L2 = 2 * 1024 * 1024 * 3 // 4
 _L1_K, _L2_K, _L3_K, _MEM_K = 1.0, 2.3, 17.0, 17.0
 
 
-def _div_up(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _rnd_up(a: int, b: int) -> int:
-    return _div_up(a, b) * b
 
 
 def _book(size: int) -> int:
@@ -139,12 +134,12 @@ def _relo(p: Problem, folded: bool) -> Problem:
     rd_wi, rd_whi = p.kw * p.ic, p.kh * p.kw * p.ic
     src_per_ic, wei_per_ic = _BF16 * p.mb * p.ih * p.iw, _BF16 * p.oc * p.kh * p.kw
     conv_wi = not (p.ic % _VNNI == 0 and (rd_wi <= _SIMD or rd_wi % _SIMD == 0))
-    rnd_wi = _rnd_up(rd_wi, _SIMD)
-    wi = p.kw > 1 and (p.ic < _SIMD // 2 or (rd_wi > _SIMD and rnd_wi / (p.kw * _rnd_up(p.ic, _SIMD)) < 0.5
+    rnd_wi = round_up(rd_wi, _SIMD)
+    wi = p.kw > 1 and (p.ic < _SIMD // 2 or (rd_wi > _SIMD and rnd_wi / (p.kw * round_up(p.ic, _SIMD)) < 0.5
                                               and (not conv_wi or wei_per_ic / src_per_ic <= 4)))
     conv_whi = not (p.ic % _VNNI == 0 and (rd_whi <= _SIMD or rd_whi % _SIMD == 0) and 1 in (p.kh, p.kw))
-    rnd_whi = _rnd_up(rd_whi, _SIMD)
-    whi = ((p.ic < _SIMD // 2 or (rd_whi > _SIMD and rnd_whi / (p.kh * p.kw * _rnd_up(p.ic, _SIMD)) < 0.5
+    rnd_whi = round_up(rd_whi, _SIMD)
+    whi = ((p.ic < _SIMD // 2 or (rd_whi > _SIMD and rnd_whi / (p.kh * p.kw * round_up(p.ic, _SIMD)) < 0.5
                                   and (not conv_whi or wei_per_ic / src_per_ic <= 4)))
            and rd_whi / rnd_whi > rd_wi / rnd_wi and (p.ow > 48 or p.ow % 16 == 0)
            and (not wi or rd_whi / rnd_whi > 0.7) and p.kh > 1)
@@ -171,18 +166,18 @@ def _oh_block(p: Problem, ic_block: int, oc_block: int) -> int:
         return 1
     w_block = 2 * _BF16 * ic_block * p.iwp + _BF16 * p.ow * oc_block
     other = _BF16 * p.kh * p.kw * ic_block * oc_block + _F32 * 2 * _AMX_H * oc_block
-    l2_available = min(_div_up(_L2, 2), 0 if other > _L2 else _L2 - other)
+    l2_available = min(div_up(_L2, 2), 0 if other > _L2 else _L2 - other)
     oh_block = max(1, min(p.oh, l2_available // w_block)) if p.ihp * w_block > l2_available else p.oh
     cur = oh_block
     src_w_block = _BF16 * p.ic * p.iwp + _BF16 * p.ow * oc_block
     if src_w_block < _L1:
         cur = max(1, min(p.oh, _L1 // src_w_block))
     for tmp in range(cur, 0, -1):
-        if p.oh / _rnd_up(p.oh, tmp) > 0.9 and tmp * p.iwp > 128:
+        if p.oh / round_up(p.oh, tmp) > 0.9 and tmp * p.iwp > 128:
             oh_block = tmp
             break
-    thr_oc_block = _div_up(p.nthr, p.mb * _div_up(p.oc, oc_block))
-    return min(oh_block, _div_up(p.oh, thr_oc_block))
+    thr_oc_block = div_up(p.nthr, p.mb * div_up(p.oc, oc_block))
+    return min(oh_block, div_up(p.oh, thr_oc_block))
 
 
 def _ic_block(p: Problem) -> int:
@@ -190,7 +185,7 @@ def _ic_block(p: Problem) -> int:
     if p.kh * p.ic * _BF16 > 8 * 1024:
         raise _Unmodelled("ic split into equal blocks")
     # past one zmm, nb_icb = nb_simd blocks (efficiency 1)
-    block = _rnd_up(p.ic, _VNNI) if p.ic * p.kw_koef * p.kh_koef <= _SIMD else _div_up(p.ic, _SIMD) * _SIMD
+    block = round_up(p.ic, _VNNI) if p.ic * p.kw_koef * p.kh_koef <= _SIMD else div_up(p.ic, _SIMD) * _SIMD
     return max(block, p.ic) if p.relo else block
 
 
@@ -205,7 +200,7 @@ def _blocking(p: Problem, oc_block: int, kh_block: int) -> Blocking:
     m, m_tail = (sp_block if sp >= sp_block else 0), sp % sp_block
     adj_sh = 1 if p.relo == "whi" else p.sh
     oskip = (0 if p.ow == 1 else (p.kw - 1) // p.sw * adj_sh) + (adj_sh - 1) * p.ow
-    brg_m, brg_m_tail = m + oskip * (_div_up(m, p.ow) - 1), m_tail + oskip * _div_up(m_tail, p.ow)
+    brg_m, brg_m_tail = m + oskip * (div_up(m, p.ow) - 1), m_tail + oskip * div_up(m_tail, p.ow)
     adj_ow = p.ow + oskip  # use_M_mask == 2: rows rounded so that bd blocks never start in the skipped columns
     i = 0
     while i < brg_m:
@@ -218,21 +213,21 @@ def _blocking(p: Problem, oc_block: int, kh_block: int) -> Blocking:
     brg_m_tail = i
     n = oc_block if p.oc >= oc_block else 0
     if p.relo:
-        k_full = _rnd_up(p.kh_koef * p.kw * inp_ic_block, _VNNI)
-        k_full = _rnd_up(k_full, _SIMD) if k_full > _SIMD else k_full
+        k_full = round_up(p.kh_koef * p.kw * inp_ic_block, _VNNI)
+        k_full = round_up(k_full, _SIMD) if k_full > _SIMD else k_full
         k, k_tail = (k_full if p.ic >= ic_block else 0), k_full
     else:
         k = ic_block if p.ic >= ic_block else 0
-        k_tail = _rnd_up(p.ic % ic_block, _SIMD if ic_block % _SIMD == 0 else _VNNI)
+        k_tail = round_up(p.ic % ic_block, _SIMD if ic_block % _SIMD == 0 else _VNNI)
     t = blocking_tmm(m or m_tail, n or p.oc % oc_block, k or k_tail, None)
-    ld_block2 = t.ld_block2 if _div_up(t.ldb, t.ld_block2) else 0
+    ld_block2 = t.ld_block2 if div_up(t.ldb, t.ld_block2) else 0
     return Blocking(oc_block, kh_block, oh_block, ic_block, use_buffer, lda, m, m_tail, brg_m, brg_m_tail,
                     oskip, k, k_tail, t.bd_block * t.bd_block2, max(1, ld_block2))
 
 
 def _grid_coverage(nb: int, x: int, nx: int, xb: int, y: int, yb: int) -> int:
     """``brg_blocking_t::grid_coverage``: the area ``nb`` blocks cover."""
-    nb_x, nb_y = _div_up(x, xb), _div_up(y, yb)
+    nb_x, nb_y = div_up(x, xb), div_up(y, yb)
     yb_last, xb_last = nb // (nx * nb_x), nb % (nx * nb_x)
     y1_end = yb_last % nb_y * yb
     y2_end = min(y, y1_end + yb)
@@ -264,31 +259,31 @@ def _squeeze(eff: float, koeff: float) -> float:
 
 def est_eff(p: Problem, b: Blocking) -> float:
     """``brg_blocking_t::est_eff`` for a candidate (``loop_ndhwgc``, one group, 2-D, output-space blocking)."""
-    nb_oc, nb_kh, nb_oh = _div_up(p.oc, b.oc_block), _div_up(p.kh, b.kh_block), _div_up(p.oh, b.oh_block)
+    nb_oc, nb_kh, nb_oh = div_up(p.oc, b.oc_block), div_up(p.kh, b.kh_block), div_up(p.oh, b.oh_block)
     sp, sp_block = p.oh * p.ow, p.ow * b.oh_block
-    nb_sp = _div_up(sp, sp_block)
+    nb_sp = div_up(sp, sp_block)
     ur, kw, kh, ic, ocb = b.ur, p.kw, p.kh, p.ic, b.oc_block
-    m_regs = _div_up(ur, _AMX_H)
+    m_regs = div_up(ur, _AMX_H)
     micro = (b.adj_ocblock * m_regs) / ((b.adj_ocblock + m_regs) * 8)
-    ur_eff = sp_block / _rnd_up(sp_block, ur)
+    ur_eff = sp_block / round_up(sp_block, ur)
     brgemm_eff = _squeeze(ur * (2.0 - min(1.9, ur / sp_block)) / 64, 0.5)
     sp_amount = nb_oh * nb_sp
     work = sp_amount * p.mb * nb_oc
-    sp_eff, oc_block_eff = sp / _rnd_up(sp, sp_block), p.oc / _rnd_up(p.oc, ocb)
-    job = _div_up(work, p.nthr)
+    sp_eff, oc_block_eff = sp / round_up(sp, sp_block), p.oc / round_up(p.oc, ocb)
+    job = div_up(work, p.nthr)
     max_job = _grid_coverage(job, p.oc, 1, ocb, sp, sp_block)  # balance211: thread 0 takes div_up
     job_eff = 1.0 if max_job == 0 else p.mb * p.oh * p.ow * p.oc / (max_job * p.nthr)
 
     def rnd_inp_simd(out_w: int, ker_w: int, vic: int) -> int:
         vsp = _inp_size(p.iw, out_w, ker_w, p.sw)
-        return _rnd_up(vsp * vic, _SIMD) if p.sw == 1 and vic >= ic else vsp * _rnd_up(vic, _SIMD)
+        return round_up(vsp * vic, _SIMD) if p.sw == 1 and vic >= ic else vsp * round_up(vic, _SIMD)
 
     ocb_ic = ocb * b.ic_block
     nb_oc_thr = min(nb_oc, job)
-    nsimd_oc_thr = _div_up(min(p.oc, nb_oc_thr * ocb), _SIMD)
-    nb_sp_thr = min(nb_sp, _div_up(job, nb_oc))
+    nsimd_oc_thr = div_up(min(p.oc, nb_oc_thr * ocb), _SIMD)
+    nb_sp_thr = min(nb_sp, div_up(job, nb_oc))
     sp_thr = min(sp, nb_sp_thr * sp_block)
-    mb_thr = min(p.mb, _div_up(job, sp_amount * nb_oc))
+    mb_thr = min(p.mb, div_up(job, sp_amount * nb_oc))
     wei_op = kh * kw * nsimd_oc_thr * ic
     src_sp = kh * rnd_inp_simd(sp_block, kw, ic)
     src_thr = kh * rnd_inp_simd(sp_thr, kw, ic)
@@ -300,7 +295,7 @@ def est_eff(p: Problem, b: Blocking) -> float:
         ((_inp_size(p.iw, ur, kw, p.sw) * _SIMD, ocb, 0), (1, 1, 1), _ACC_SIMD),  # brgemm: by simd_w
         ((src_ur, ocb_ic, 0), (1, 1, 1), kw),  # by kw in kw_block
         ((src_ur, kw * ocb_ic, 0), (1, 1, 1), 1),  # by batch
-        ((b.kh_block * src_ur, wei_is, ur * ocb), (1, _div_up(sp_block, ur), 1), 1),  # by ur in sp_block
+        ((b.kh_block * src_ur, wei_is, ur * ocb), (1, div_up(sp_block, ur), 1), 1),  # by ur in sp_block
         ((b.kh_block * rnd_inp_simd(sp_block, kw, b.ic_block), wei_is, sp_block * ocb), (1, 1, nb_kh), 1),
         ((kh * rnd_inp_simd(sp_block, kw, b.ic_block), kh * kw * ocb_ic, sp_block * ocb), (1, 1, 1), 1),
         ((src_sp, kh * kw * ocb * ic, sp_block * ocb), (nb_oc_thr, 1, 1), 1),  # harness: by oc_block
@@ -338,9 +333,9 @@ def _calc_blocks(p: Problem, oc_block: int) -> Blocking:
 def _oc_blocks(p: Problem) -> list[int]:
     """``try_exec_type``'s output-channel blocks, largest first: up to four 16-lane blocks, two for a small AMX
     job with output-space blocking, less those ``fast_check_oc_block`` rejects."""
-    job = _div_up(p.mb * _div_up(p.oh * p.ow, 64) * _div_up(p.oc, 64), p.nthr)
-    start = min(_div_up(p.oc, _ACC_SIMD), 2 if job < 64 or p.oc < 256 else 4)
-    rnd_oc, blocks = _rnd_up(p.oc, _ACC_SIMD), []
+    job = div_up(p.mb * div_up(p.oh * p.ow, 64) * div_up(p.oc, 64), p.nthr)
+    start = min(div_up(p.oc, _ACC_SIMD), 2 if job < 64 or p.oc < 256 else 4)
+    rnd_oc, blocks = round_up(p.oc, _ACC_SIMD), []
     for ocb in range(start, 0, -1):
         block = ocb * _ACC_SIMD
         if block == 64 and not (rnd_oc % 64 == 0 and rnd_oc * _BF16 < 192 * 4):
@@ -387,25 +382,25 @@ def tile_buffer(p: Problem, b: Blocking) -> int:
         brg_m = b.brg_m if vm == b.m else b.brg_m_tail
         for vn in ns:
             wsp = max(wsp, blocking_tmm(brg_m, vn, b.k or b.k_tail, _bd_mask(p, b, vm, brg_m)).c_tiles() * _TILE)
-    return _rnd_up(wsp + 1, _P4K)
+    return round_up(wsp + 1, _P4K)
 
 
 def scratchpad(p: Problem, b: Blocking) -> int:
     """``init_scratchpad``: batch elements, the transposed-input buffer and its mask, the accumulation buffer
     (a split kernel height), the AMX tile buffer, each per thread and booked page-aligned."""
-    batch = _div_up(_rnd_up(b.kh_block * p.kw * _BATCH_ELEMENT, _P4K), _BATCH_ELEMENT) * _BATCH_ELEMENT
+    batch = div_up(round_up(b.kh_block * p.kw * _BATCH_ELEMENT, _P4K), _BATCH_ELEMENT) * _BATCH_ELEMENT
     hs = _inp_size(p.ihp, b.oh_block, p.kh, p.sh) + max(0, p.t_pad) + max(0, p.b_pad)
-    hs = _div_up(_rnd_up(hs * p.iwp, b.brg_m), p.iwp) + p.kh
+    hs = div_up(round_up(hs * p.iwp, b.brg_m), p.iwp) + p.kh
     inp = p.kh_koef * hs * p.iwp * b.lda
     if p.relo == "whi":  # the buffer pointer shifts each output row, and a full zmm is written past the end
         inp += (p.oh - 1) * b.oh_block * p.sh * b.lda + b.lda
-    inp = _rnd_up(inp, _P4K)
+    inp = round_up(inp, _P4K)
     relo_wei = 0
     if p.relo:  # the rearranged weights (booked for any relayout)
         rd, rd_koef = (p.kw * p.kh * p.ic, 1) if p.relo == "whi" else (p.kw * p.ic, p.kh)
-        non_oc = rd_koef * _rnd_up(rd, _VNNI * (16 if p.rd_padded else 1))
-        relo_wei = _rnd_up(_div_up(p.oc, b.oc_block) * b.oc_block * non_oc, 1024) * _BF16
-    mask = _rnd_up(_div_up(p.oh, b.oh_block), _P4K)
+        non_oc = rd_koef * round_up(rd, _VNNI * (16 if p.rd_padded else 1))
+        relo_wei = round_up(div_up(p.oc, b.oc_block) * b.oc_block * non_oc, 1024) * _BF16
+    mask = round_up(div_up(p.oh, b.oh_block), _P4K)
     buffer = b.oc_block * b.m * _F32 if b.use_buffer else 0
     return sum(_book(p.nthr * size) for size in (batch, inp * _BF16, mask, buffer, tile_buffer(p, b))) \
         + _book(relo_wei)
@@ -453,9 +448,9 @@ def forward_scratch(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: 
         return None
     (mb, ic, ih, iw), (oc, _, kh, kw) = x_shape, w_shape
     if p.relo_weights:  # Ohwi16o / Owhi16o
-        wei = _rnd_up(oc, 16) * ic * kh * kw * _BF16
+        wei = round_up(oc, 16) * ic * kh * kw * _BF16
     else:
-        wei = _rnd_up(oc, b.oc_block) * _rnd_up(ic, _SIMD if p.rd_padded else _VNNI) * kh * kw * _BF16
+        wei = round_up(oc, b.oc_block) * round_up(ic, _SIMD if p.rd_padded else _VNNI) * kh * kw * _BF16
     out = mb * oc * ((ih + 2 * padding[0] - kh) // stride[0] + 1) * ((iw + 2 * padding[1] - kw) // stride[1] + 1)
     out *= _BF16
     return max(pad + mb * ic * ih * iw * _BF16 + wei, 2 * out)

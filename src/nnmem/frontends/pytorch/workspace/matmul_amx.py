@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nnmem.frontends.pytorch.workspace._common import div_up, round_up
 from nnmem.frontends.pytorch.workspace.brgemm_tmm import blocking_tmm
 from nnmem.frontends.pytorch.workspace.matmul_amx_macro import (
     _BF16,
@@ -24,10 +25,8 @@ from nnmem.frontends.pytorch.workspace.matmul_amx_macro import (
     _L2_THR,
     _TILE,
     _WEI_K_BLK,
-    _div_up,
     _is_pow2,
     _macro,
-    _rnd_up,
 )
 
 
@@ -80,7 +79,7 @@ class _Micro:
     def actual_lda(self) -> int:
         if not self.buf_a:
             return self.plain_lda
-        lda = _rnd_up(self.k_blk, 64 // _BF16)
+        lda = round_up(self.k_blk, 64 // _BF16)
         return lda + 64 // _BF16 if lda >= 512 and _is_pow2(lda) else lda
 
     def chunk_memory(self) -> int:
@@ -97,15 +96,15 @@ class _Micro:
         self.n_blk, self.n_chunk, self.m_blk, self.m_chunk = n_blk, n_chunk, m_blk, m_chunk
         K = self.K
         if K < _WEI_K_BLK:
-            self.k_blk, self.bs = _rnd_up(K, 2), 1
+            self.k_blk, self.bs = round_up(K, 2), 1
         else:
-            self.k_blk = min(_rnd_up(K, 2), _WEI_K_BLK)
-            num_k_blk = _div_up(K, self.k_blk)
+            self.k_blk = min(round_up(K, 2), _WEI_K_BLK)
+            num_k_blk = div_up(K, self.k_blk)
             self.bs = num_k_blk
             chunk = self.chunk_memory()
-            div_min, div_max = chunk // _L2_THR, _div_up(chunk, _L2_THR)
+            div_min, div_max = chunk // _L2_THR, div_up(chunk, _L2_THR)
             if div_min > (2 if self.big_pow2 else 0) and self.bs > 1:
-                kc1, kc2 = max(self.bs // div_min, 1), _div_up(self.bs, div_max)
+                kc1, kc2 = max(self.bs // div_min, 1), div_up(self.bs, div_max)
                 tail1, tail2 = num_k_blk % kc1, num_k_blk % kc2
                 self.bs = kc2 if (not (tail1 == 0 or tail2 < tail1) or tail2 == 0) else kc1
             self.k_elems = self.k_blk * self.bs * self.k_chunk
@@ -135,8 +134,8 @@ class _Micro:
         reuse = f(0.5) * (c_m + c_n)
         s = cache * l2 + f(1) * reuse
         if balance > 0:
-            chunks = self.batch * _div_up(self.M, m_el) * _div_up(self.N, n_el)
-            mnb = (f(self.batch) * (f(self.M) / f(m_el)) * (f(self.N) / f(n_el)) / f(_rnd_up(chunks, self.nthr))
+            chunks = self.batch * div_up(self.M, m_el) * div_up(self.N, n_el)
+            mnb = (f(self.batch) * (f(self.M) / f(m_el)) * (f(self.N) / f(n_el)) / f(round_up(chunks, self.nthr))
                    * f(self.nthr))
             s = s + balance * (mnb * f(1) / f(self.nthr))
         return f(s / (f(1) + balance + cache))
@@ -153,17 +152,17 @@ def _micro(m: int, k: int, n: int, batch: int, nthr: int, n_blk0: int, buf_a: bo
     m_blk0 = next((s * r for r in range(16, 12, -1) for s in range(4, 1, -1) if m % (s * r) == 0), min(m, 64))
     best, cur = _Micro(m, k, n, batch, nthr, buf_a, plain_lda), None
     cur = best.copy()
-    num_m, num_n = _div_up(m, m_blk0), _div_up(n, n_blk0)
+    num_m, num_n = div_up(m, m_blk0), div_up(n, n_blk0)
     work = batch * num_m * num_n
     low = float(np.float32(work)) < 1.5 * nthr
-    min_m = _div_up(m_blk0, 2) if low and m_blk0 > 32 else m_blk0
+    min_m = div_up(m_blk0, 2) if low and m_blk0 > 32 else m_blk0
     want_m, want_n = min(4, num_m), min(6 if work > 16 * nthr else 4, num_n)
     cands, blk = [], m_blk0
     while blk >= min_m:
         cands.append(blk)
-        blk = _div_up(blk, 2) if blk > 1 else blk - 1
+        blk = div_up(blk, 2) if blk > 1 else blk - 1
     if m > 16:
-        cands += list(range(min(m // 16 * 16, 64), _rnd_up(min_m, 16) - 1, -16))
+        cands += list(range(min(m // 16 * 16, 64), round_up(min_m, 16) - 1, -16))
     if len(set(cands)) >= 13:
         return None
     no_skip = m == 4 and (n, k) in ((4096, 4096), (11008, 4096), (4096, 11008))
@@ -172,7 +171,7 @@ def _micro(m: int, k: int, n: int, batch: int, nthr: int, n_blk0: int, buf_a: bo
         for n_ch in range(want_n, 0, -1):
             for m_ch in range(want_m, 0, -1):
                 cur.set_blocking(n_blk0, n_ch, m_blk, m_ch)
-                chunks = batch * _div_up(m, m_blk * m_ch) * _div_up(n, n_blk0 * n_ch)
+                chunks = batch * div_up(m, m_blk * m_ch) * div_up(n, n_blk0 * n_ch)
                 if chunks < nthr * 3 and chunks % nthr != 0 and not no_skip:
                     continue
                 if cur.score > best.score:
@@ -209,7 +208,7 @@ def _kernel_wsp(vm: int, vn: int, vk: int, bs: int, conf: Amx) -> int | None:
     """``get_wsp_buffer_size`` of one brgemm kernel, or None where ``brgemm_blocking_tmm`` refuses its K."""
     may_extend = conf.extendable_k and (vk % 2 != 0 or (vk > 32 and vk % 32 != 0))  # amx_may_extend_k
     if may_extend:
-        rd_block = min(_rnd_up(vk, 2), 32)
+        rd_block = min(round_up(vk, 2), 32)
     elif conf.fused_copy_a:
         rd_block = 32
     else:
@@ -218,7 +217,7 @@ def _kernel_wsp(vm: int, vn: int, vk: int, bs: int, conf: Amx) -> int | None:
     if not (may_extend or conf.fused_copy_a) and ((rdb > 0 and rdb_tail) or rdb_tail % 2):
         return None
     wsp = blocking_tmm(vm, vn, vk, None).c_tiles() * _TILE + (_TILE if may_extend else 0)
-    return wsp + (bs * vm * _rnd_up(vk, 32) * _BF16 if conf.fused_copy_a else 0)
+    return wsp + (bs * vm * round_up(vk, 32) * _BF16 if conf.fused_copy_a else 0)
 
 
 def amx_scratchpad(m: int, k: int, n: int, batch: int, a_transposed: bool, b_transposed: bool, nthr: int,
@@ -242,8 +241,8 @@ def amx_scratchpad(m: int, k: int, n: int, batch: int, a_transposed: bool, b_tra
     if 2 * c.m_blk * c.lda <= 126:  # buffer_a_gb_stride: VERBOSE_SMALL_SHAPES, dispatched to VNNI
         return None
     k_elems = c.k_blk * c.k_chunk * c.bs
-    k_tail = (k % c.k_blk if c.extendable_k or c.fused_copy_a else _rnd_up(k % c.k_blk, 2)) if k > c.k_blk else 0
-    k_chunks = _div_up(k, k_elems)
+    k_tail = (k % c.k_blk if c.extendable_k or c.fused_copy_a else round_up(k % c.k_blk, 2)) if k > c.k_blk else 0
+    k_chunks = div_up(k, k_elems)
     bs_tail = ((max(k, c.k_blk) - (k_chunks - 1) * k_elems) // c.k_blk) % c.bs
     wsp = 0
     for i_bs in ((0, 1) if bs_tail else (0,)):
@@ -258,10 +257,10 @@ def amx_scratchpad(m: int, k: int, n: int, batch: int, a_transposed: bool, b_tra
                         return None
                     wsp = max(wsp, size)
     ldc = min(32, c.n_blk) if c.buf_c and c.nthr_k <= 1 else n
-    chunk = _rnd_up(c.n_blk, ldc) * c.m_blk * _F32 if c.nthr_k == 1 else _F32 * ldc * m
+    chunk = round_up(c.n_blk, ldc) * c.m_blk * _F32 if c.nthr_k == 1 else _F32 * ldc * m
     buf_c = 0 if not c.buf_c else chunk if c.nthr_k > 1 or k_elems >= k else chunk * c.m_chunk * c.n_chunk
     buf_a = c.nthr * _BF16 * c.m_blk * c.lda * c.bs * c.k_chunk * c.m_chunk if c.buf_a else 0
-    buf_b = c.nthr * _BF16 * _rnd_up(c.n_blk, wei_n_blk) * _rnd_up(c.k_blk, _WEI_K_BLK) * c.bs * c.k_chunk
+    buf_b = c.nthr * _BF16 * round_up(c.n_blk, wei_n_blk) * round_up(c.k_blk, _WEI_K_BLK) * c.bs * c.k_chunk
     sizes = (c.nthr * 16 * c.bs * 40, buf_a, buf_b, c.nthr * buf_c, c.nthr * wsp)
     return sum(book(s) for s in sizes)
 

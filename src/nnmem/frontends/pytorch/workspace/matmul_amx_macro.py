@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from nnmem.frontends.pytorch.workspace._common import div_up, round_up
+
 _L1 = 48 * 1024  # per-core L1d of the AMX Xeons (cpuid leaf 4)
 _L2 = 2 * 1024 * 1024  # per-core L2
 _L2_WAYS, _L2_SETS = 16, 2048
@@ -19,12 +21,6 @@ _TILE = 1024  # brgemm_desc_t::tilesize
 _F = np.float32
 
 
-def _div_up(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _rnd_up(a: int, b: int) -> int:
-    return _div_up(a, b) * b
 
 
 def _is_pow2(v: int) -> bool:
@@ -33,7 +29,7 @@ def _is_pow2(v: int) -> bool:
 
 def _tmul_size(n: int, full: int) -> int:
     """``determine_tmul_size``."""
-    return _div_up(n, _div_up(n, full))
+    return div_up(n, div_up(n, full))
 
 
 class _Macro:
@@ -62,8 +58,8 @@ class _Macro:
 
     def set_core_divs(self, b: int, m: int, k: int, n: int) -> None:
         self.nthr_b, self.nthr_m, self.nthr_k, self.nthr_n = b, m, k, n
-        self.m_per, self.k_per = _div_up(self.M, m), _div_up(self.K, k)
-        self.n_per, self.b_per = _div_up(self.N, n), _div_up(self.batch, b)
+        self.m_per, self.k_per = div_up(self.M, m), div_up(self.K, k)
+        self.n_per, self.b_per = div_up(self.N, n), div_up(self.batch, b)
 
     def set_tmul_sizes(self) -> None:
         self.m_tmul, self.n_tmul, self.k_tmul = _tmul_size(self.m_per, 16), 16, min(_WEI_K_BLK, self.K)
@@ -73,15 +69,15 @@ class _Macro:
 
     def divs_ok(self) -> bool:
         min_k, min_mn, k_write, n_write = 256 // _BF16, 64 // _BF16, 256 // _BF16, 256 // _BF16
-        bad_m = _rnd_up(self.m_per, self.m_tmul) < min_mn and self.nthr_m > 1
+        bad_m = round_up(self.m_per, self.m_tmul) < min_mn and self.nthr_m > 1
         bad_k = self.k_per < min_k and self.nthr_k > 1
         n_min = n_write if self.nthr_k == 1 and self.k_per < k_write else min_mn
-        bad_n = _rnd_up(self.n_per, self.n_tmul) < n_min and self.nthr_n > 1
+        bad_n = round_up(self.n_per, self.n_tmul) < n_min and self.nthr_n > 1
         return not (bad_m or bad_k or bad_n or self.nthr_b > self.batch)
 
     def skip_extendable_k(self) -> bool:
         def fits(kk: int) -> bool:
-            ops = _div_up(kk, 64 // _BF16)
+            ops = div_up(kk, 64 // _BF16)
             tile = kk // ops
             return kk % ops == 0 and tile <= 64 // _BF16 and tile % 2 == 0
         tail = self.K % self.k_blk
@@ -94,33 +90,33 @@ class _Macro:
             return False
         if M <= 32 and self.transposed_B:  # b_is_not_flat: buffer B is always used here
             self.n_dec, self.m_dec = min(N, 32), M
-            n_per_core = _rnd_up(_div_up(N, nthr), self.n_dec)
-            self.set_core_divs(1, 1, 1, _div_up(N, n_per_core))
+            n_per_core = round_up(div_up(N, nthr), self.n_dec)
+            self.set_core_divs(1, 1, 1, div_up(N, n_per_core))
             if self.nthr_n < 0.75 * self.nthr_:
                 return False
             if M * K > _L2_THR:
                 return False
             self.m_blk, self.m_chunk, self.n_blk, self.n_chunk = M, 1, self.n_dec, n_per_core // self.n_dec
         elif K <= _WEI_K_BLK:
-            m_per_core = _div_up(M, nthr)
-            self.set_core_divs(1, _div_up(M, m_per_core), 1, 1)
+            m_per_core = div_up(M, nthr)
+            self.set_core_divs(1, div_up(M, m_per_core), 1, 1)
             self.set_tmul_sizes()
             self.set_decomposition()
             if self.nthr_m < 0.75 * self.nthr_:
                 return False
-            self.m_blk, self.m_chunk = self.m_dec, _div_up(m_per_core, self.m_dec)
-            b_size, b_size_tr, d_size = N * K, N * _rnd_up(K, _WEI_K_BLK), N * self.m_dec
-            self.n_chunk = _div_up(b_size + b_size_tr + d_size, _L2_THR)
-            self.n_blk = _rnd_up(_div_up(N, self.n_chunk), 32)
+            self.m_blk, self.m_chunk = self.m_dec, div_up(m_per_core, self.m_dec)
+            b_size, b_size_tr, d_size = N * K, N * round_up(K, _WEI_K_BLK), N * self.m_dec
+            self.n_chunk = div_up(b_size + b_size_tr + d_size, _L2_THR)
+            self.n_blk = round_up(div_up(N, self.n_chunk), 32)
         elif N <= 32:
-            m_per_core = _div_up(M, nthr)
+            m_per_core = div_up(M, nthr)
             self.m_per = m_per_core
             self.m_dec = _tmul_size(m_per_core, 32)
             self.n_tmul, self.n_dec, self.k_tmul = 16, 32, min(_WEI_K_BLK, K)
-            self.set_core_divs(1, _div_up(M, _rnd_up(m_per_core, self.m_dec)), 1, 1)
+            self.set_core_divs(1, div_up(M, round_up(m_per_core, self.m_dec)), 1, 1)
             if self.nthr_m < 0.75 * self.nthr_:
                 return False
-            self.m_blk, self.m_chunk, self.n_blk, self.n_chunk = self.m_dec, _div_up(m_per_core, self.m_dec), N, 1
+            self.m_blk, self.m_chunk, self.n_blk, self.n_chunk = self.m_dec, div_up(m_per_core, self.m_dec), N, 1
         else:
             return False
         self.k_blk, self.k_chunk, self.buf_c = K, 1, False
@@ -132,16 +128,16 @@ class _Macro:
     # ---- the grid: calculate_blocking_scores and set_blocking_parameters ----
     def calc_k_blk(self, l1_dim: int) -> int:
         c_tiles = self.m_dec * self.n_dec * _F32
-        d_tiles = self.m_dec * _rnd_up(self.n_dec * _BF16, 64)
+        d_tiles = self.m_dec * round_up(self.n_dec * _BF16, 64)
         largest_k = (_L1_THR - (c_tiles * 2 + d_tiles)) // (l1_dim * _BF16)
-        k_tiles_per_thr = _div_up(_div_up(self.K, self.k_tmul), self.nthr_k)
-        num_k_blocks = _div_up(k_tiles_per_thr, largest_k // self.k_tmul)
-        return min(_div_up(k_tiles_per_thr, num_k_blocks) * self.k_tmul, self.K)
+        k_tiles_per_thr = div_up(div_up(self.K, self.k_tmul), self.nthr_k)
+        num_k_blocks = div_up(k_tiles_per_thr, largest_k // self.k_tmul)
+        return min(div_up(k_tiles_per_thr, num_k_blocks) * self.k_tmul, self.K)
 
     @staticmethod
     def candidates(per_thread: int, dec: int) -> list[int]:
-        inner = _div_up(per_thread, dec)
-        return sorted({_div_up(inner, g) for g in range(1, inner + 1)})
+        inner = div_up(per_thread, dec)
+        return sorted({div_up(inner, g) for g in range(1, inner + 1)})
 
     def l2_usage(self, k_chunk: int, mn_blk: int, k_blk: int, horizontal: bool, force_l2: bool = False) -> int:
         dec = self.m_dec if horizontal else self.n_dec
@@ -149,8 +145,8 @@ class _Macro:
         l1_m, l2_m = 2 * dec * kk * _BF16, mn_blk * kk * _BF16
         if force_l2:
             l2_m += mn_blk * k_blk * k_chunk * _BF16
-        c_post = (2 * self.m_dec * _rnd_up(mn_blk * _BF16, 64) if horizontal
-                  else 2 * _rnd_up(self.n_dec * _BF16, 64) * mn_blk)
+        c_post = (2 * self.m_dec * round_up(mn_blk * _BF16, 64) if horizontal
+                  else 2 * round_up(self.n_dec * _BF16, 64) * mn_blk)
         c_tmp = 2 * self.m_dec * self.n_dec * _F32 if k_blk == self.K else 2 * dec * mn_blk * _F32
         return l1_m + l2_m + c_tmp + c_post
 
@@ -184,8 +180,8 @@ class _Macro:
               "k_h": 0, "n_h": 0, "m_v": 0, "k_v": 0}
 
         def calc_h(k_blk_h: int, min_k_chunk: int = 0) -> None:
-            if (_rnd_up(self.m_per, self.m_dec) * (self.nthr_m - 1) >= M
-                    or _rnd_up(self.k_per, k_blk_h) * (self.nthr_k - 1) >= K):
+            if (round_up(self.m_per, self.m_dec) * (self.nthr_m - 1) >= M
+                    or round_up(self.k_per, k_blk_h) * (self.nthr_k - 1) >= K):
                 st["h_no"] = True
             else:
                 k_cands = self.candidates(self.k_per, k_blk_h)
@@ -198,17 +194,17 @@ class _Macro:
                 if st["n_h"] == 0:
                     st["h_no"] = True
                     return
-                if _rnd_up(self.n_per, st["n_h"] * self.n_dec) * (self.nthr_n - 1) >= N:
+                if round_up(self.n_per, st["n_h"] * self.n_dec) * (self.nthr_n - 1) >= N:
                     st["h_no"] = True
-                if _rnd_up(self.k_per, st["k_h"] * k_blk_h) * (self.nthr_k - 1) >= K:
+                if round_up(self.k_per, st["k_h"] * k_blk_h) * (self.nthr_k - 1) >= K:
                     st["h_no"] = True
 
         k_blk_h = self.calc_k_blk(self.m_dec)
         calc_h(k_blk_h)
 
         def calc_v(k_blk_v: int) -> None:
-            if (_rnd_up(self.n_per, self.n_dec) * (self.nthr_n - 1) >= N
-                    or _rnd_up(self.k_per, k_blk_v) * (self.nthr_k - 1) >= K):
+            if (round_up(self.n_per, self.n_dec) * (self.nthr_n - 1) >= N
+                    or round_up(self.k_per, k_blk_v) * (self.nthr_k - 1) >= K):
                 st["v_no"] = True
             else:
                 k_cands = self.candidates(self.k_per, k_blk_v)
@@ -220,22 +216,22 @@ class _Macro:
                 if st["m_v"] == 0:
                     st["v_no"] = True
                     return
-                if _rnd_up(self.m_per, st["m_v"] * self.m_dec) * (self.nthr_m - 1) >= M:
+                if round_up(self.m_per, st["m_v"] * self.m_dec) * (self.nthr_m - 1) >= M:
                     st["v_no"] = True
-                if _rnd_up(self.k_per, st["k_v"] * k_blk_v) * (self.nthr_k - 1) >= K:
+                if round_up(self.k_per, st["k_v"] * k_blk_v) * (self.nthr_k - 1) >= K:
                     st["v_no"] = True
                 l2_util = 0
                 if not st["v_no"]:
                     l2_util = self.l2_and_c_usage(st["k_v"], st["m_v"] * self.m_dec, k_blk_v, False)
                     if l2_util > _L2_THR:
                         l2_util = self.l2_usage(st["k_v"], st["m_v"] * self.m_dec, k_blk_v, False)
-                repeat = _div_up(K, k_blk_v * st["k_v"]) != 1
-                set_issues = _div_up(K, k_blk_v * st["k_v"]) != self.nthr_k or l2_util * self.nthr_k >= _L2_THR
+                repeat = div_up(K, k_blk_v * st["k_v"]) != 1
+                set_issues = div_up(K, k_blk_v * st["k_v"]) != self.nthr_k or l2_util * self.nthr_k >= _L2_THR
                 if repeat and set_issues:
                     st["v_no"] = True
                 line = _L2_SETS * 64
                 stride = N * _BF16 % 4096 or 4096
-                if line % stride == 0 and _div_up(stride * self.m_per, line) >= _L2_WAYS_THR:
+                if line % stride == 0 and div_up(stride * self.m_per, line) >= _L2_WAYS_THR:
                     st["v_no"] = True
 
         k_blk_v = self.calc_k_blk(self.n_dec)
@@ -252,10 +248,10 @@ class _Macro:
             horizontal = self.m_per >= self.n_per
         self.is_horizontal = horizontal
         if horizontal:
-            l1_eff = _div_up(K, k_blk_h)
+            l1_eff = div_up(K, k_blk_h)
             a_l1 = k_blk_h * self.m_dec * _BF16
             c_l1 = self.n_dec * self.m_dec * _F32
-            d_post = self.m_dec * _rnd_up(self.n_dec * _BF16, 64)
+            d_post = self.m_dec * round_up(self.n_dec * _BF16, 64)
             self.is_a_nt = False
             if k_blk_h < K and l1_eff * a_l1 + 2 * c_l1 + d_post > _L1_THR:
                 st["best_h"] = _F(0)
@@ -266,13 +262,13 @@ class _Macro:
             self.k_blk, self.k_chunk = k_blk_h, st["k_h"]
             self.n_blk, self.n_chunk = min(st["n_h"] * self.n_dec, N), 1
             self.m_blk = self.m_dec
-            self.m_chunk = _div_up(self.m_per, self.m_blk)
+            self.m_chunk = div_up(self.m_per, self.m_blk)
             self.need_prefetch_a, self.need_prefetch_b = self.m_per // self.m_blk >= 2, False
             self.fused = K % _WEI_K_BLK != 0 and self.n_blk >= self.n_dec * 3 and self.k_blk >= (64 // _BF16) * 4
             self.extendable_k = K % _WEI_K_BLK != 0 and not self.skip_extendable_k() and not self.fused
         else:
             self.k_blk, self.k_chunk = k_blk_v, st["k_v"]
-            self.n_blk, self.n_chunk = self.n_dec, _div_up(self.n_per, self.n_dec)
+            self.n_blk, self.n_chunk = self.n_dec, div_up(self.n_per, self.n_dec)
             self.m_blk, self.m_chunk = min(st["m_v"] * self.m_dec, M), 1
             self.is_a_nt = True
             self.need_prefetch_a, self.need_prefetch_b, self.fused = False, False, False  # buffer B: no prefetch
@@ -295,9 +291,9 @@ class _Macro:
         if b_h:
             strip_dst = self.m_dec * self.n_per * c_sz
             tmuls = f(self.m_dec * self.k_per * self.n_per // (self.m_tmul * self.k_tmul * self.n_tmul))
-            num_strip = f(_div_up(self.m_per, self.m_dec))
+            num_strip = f(div_up(self.m_per, self.m_dec))
             nt_miss = f(b_size)
-            l1_reuse = f(_div_up(self.n_blk, self.n_dec))
+            l1_reuse = f(div_up(self.n_blk, self.n_dec))
             s1_shared = f(b_size)
             s1_private = f(self.m_dec * self.k_per * _BF16 + strip_dst)
             s1_coef = self.nthr_m
@@ -307,9 +303,9 @@ class _Macro:
         else:
             strip_dst = self.n_dec * self.m_per * c_sz
             tmuls = f(self.n_dec * self.k_per * self.m_per // (self.m_tmul * self.k_tmul * self.n_tmul))
-            num_strip = f(_div_up(self.n_per, self.n_dec))
+            num_strip = f(div_up(self.n_per, self.n_dec))
             nt_miss = f(a_size)
-            l1_reuse = f(_div_up(self.m_blk, self.m_dec))
+            l1_reuse = f(div_up(self.m_blk, self.m_dec))
             s1_shared = f(a_size)
             s1_private = f(self.n_dec * self.k_per * _BF16 + strip_dst)
             s1_coef = self.nthr_n
@@ -319,8 +315,8 @@ class _Macro:
         tmp_miss = mid_shared * f(2)
         tmp_hit = mid_shared * (l1_reuse - f(1))
         c_elems = f(self.m_blk * self.n_blk)
-        c_post_miss = f(self.m_blk * _div_up(self.n_blk, self.n_dec) * _rnd_up(self.n_dec * _BF16, 64))
-        c_post_total = f(self.m_blk * _div_up(self.n_blk, self.n_dec) * _div_up(self.n_dec, 16) * 64)
+        c_post_miss = f(self.m_blk * div_up(self.n_blk, self.n_dec) * round_up(self.n_dec * _BF16, 64))
+        c_post_total = f(self.m_blk * div_up(self.n_blk, self.n_dec) * div_up(self.n_dec, 16) * 64)
         c_post_hit = c_post_total - c_post_miss
         c_read_tmp = c_elems * f(_F32)
         c_tmp_bw = l1_hit if self.k_blk == self.K else l1_store_miss
@@ -345,7 +341,7 @@ class _Macro:
         reduction = f(0)
         if self.nthr_k != 1:
             if self.m_per * self.n_per * _F32 * 2 < _L2_THR and self.batch == 1:
-                read_bytes = f(self.M * _rnd_up(self.N, 16) * _F32 * (self.nthr_k - 1) // (self.nthr_m * self.nthr_n))
+                read_bytes = f(self.M * round_up(self.N, 16) * _F32 * (self.nthr_k - 1) // (self.nthr_m * self.nthr_n))
                 bw = _bw(2) if a_size + b_size + d_size < _L2_THR else llc
                 write_bytes = f(self.M * self.N * _BF16 // (self.nthr_m * self.nthr_n))
                 reduction = read_bytes / bw + write_bytes / _bw(1) + f(25000)
