@@ -95,3 +95,41 @@ def test_amx_keeps_the_note_where_not_modelled(torch_threads: Callable[[int], No
     assert note_for(mm, (row, col), {}, AMX) is not None  # an f16 vector product
     torch_threads(max(MODELLED_THREADS) + 1)
     assert note_for(mm, (b, b), {}, AMX) is not None
+
+
+def _strided_batch_case(rng: random.Random) -> tuple[str, Callable[[], object]]:
+    """A bf16 product whose src batch is not dense: a batch-first linear's transposed input (``aten.linear``'s
+    ``bmm`` path under inference mode) or a multi-head attention head slice handed to ``bmm``."""
+    rows, batch, k, n = rng.randint(1, 40), rng.randint(1, 8), rng.choice([6, 16, 40, 64, 100]), \
+        rng.choice([12, 33, 40, 80, 256])
+    if rng.random() < 0.5:
+        linear = torch.nn.Linear(k, n, bias=rng.random() < 0.7).to(torch.bfloat16).requires_grad_(False)
+        x = torch.randn(batch, rows, k, dtype=torch.bfloat16).transpose(0, 1)
+        return f"linear {tuple(x.shape)} -> {n}", lambda: linear(x)
+    heads = rng.choice([1, 2, 4])
+    a = torch.randn(rows, batch * heads, k, dtype=torch.bfloat16).transpose(0, 1)
+    b = torch.randn(n, batch * heads, k, dtype=torch.bfloat16).permute(1, 2, 0)
+    return f"bmm {tuple(a.shape)} @ {tuple(b.shape)}", lambda: torch.bmm(a, b)
+
+
+def test_amx_strided_batches_match_measurement(torch_threads: Callable[[int], None]) -> None:
+    """A src batch that is not dense reaches oneDNN as a contiguous copy: the rule sizes the copies and the
+    dense batch's AMX scratchpad; 30 seeded draws at 1-4 threads equal the allocator's peak inside the op."""
+    _require_amx(MODELLED_THREADS[0])
+    rng, mismatches = random.Random(41), []
+    for _ in range(30):
+        torch_threads(rng.choice(MODELLED_THREADS))
+        what, fn = _strided_batch_case(rng)
+
+        def step(fn: Callable[[], object] = fn) -> None:
+            with torch.inference_mode():
+                fn()
+
+        rows = [r for r in calibrate.measure_ops(step, training=False) if r.name.endswith(("linear.default",
+                                                                                        "bmm.default"))]
+        assert len(rows) == 1, [r.name for r in rows]
+        row = rows[0]
+        if row.note is not None or row.predicted != row.scratch:
+            mismatches.append(f"{torch.get_num_threads()} threads {what}: measured {row.scratch}, rule "
+                              f"{row.predicted}, note {row.note}")
+    assert not mismatches, "\n".join(mismatches)

@@ -15,18 +15,19 @@ from torch import nn
 import nnmem
 from nnmem import cpu
 from nnmem.frontends.pytorch.workspace import lstm_workspace_bytes
-from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
+from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_ISA, MODELLED_THREADS
 
 BF16 = torch.bfloat16
 
 
-def _require_modelled_cpu() -> None:
-    if not torch.backends.mkldnn.is_available() or cpu.describe().isa != MODELLED_ISA:
-        pytest.skip(f"bfloat16 matmuls are modelled on ISA {MODELLED_ISA}; this CPU runs {cpu.describe().isa}")
+def _require_modelled_cpu(isas: tuple[str, ...] = (MODELLED_ISA,)) -> None:
+    if not torch.backends.mkldnn.is_available() or cpu.describe().isa not in isas:
+        pytest.skip(f"modelled on ISA {' and '.join(isas)}; this CPU runs {cpu.describe().isa}")
 
 
 def test_bf16_native_recurrent_inference_scratch_matches_measurement(torch_threads: Callable[[int], None]) -> None:
-    _require_modelled_cpu()
+    """The cells' matmuls on oneDNN's brgemm matmul: avx512_core_bf16, or AMX (workspace/matmul_amx.py)."""
+    _require_modelled_cpu((MODELLED_ISA, AMX_ISA))
     rng, claimed, mismatches = random.Random(2), 0, []
     for _ in range(30):
         torch_threads(rng.choice(MODELLED_THREADS))
@@ -58,7 +59,7 @@ def test_bf16_native_recurrent_inference_scratch_matches_measurement(torch_threa
 def test_bf16_batch_first_recurrent_inference_is_sized() -> None:
     """A batch-first input's first projection is ``bmm`` over copies (matmul.py ``linear_copies``): sized, no
     note (it was noted before)."""
-    _require_modelled_cpu()
+    _require_modelled_cpu((MODELLED_ISA, AMX_ISA))
     model = nn.GRU(16, 32, batch_first=True).to(BF16)
     notes = nnmem.estimate(model, (torch.randn(4, 6, 16, dtype=BF16),), mode="infer").notes
     assert not any("matmuls inside" in n for n in notes), notes

@@ -341,25 +341,34 @@ def matmul_scratch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], inf
     if nthr not in MODELLED_THREADS or (info.isa, dtype) not in _MODELLED:
         return None
     call = onednn_call(func, args, kwargs)
-    if call is None or (info.isa == AMX_ISA and dtype == torch.bfloat16 and not _dense(operands[0])):
+    if call is None or (info.isa == AMX_ISA and dtype == torch.bfloat16 and not _dense(operands[0], func, args)):
         return None
     if dtype == torch.float16 and call.m == 1 and call.batch == 1:
         return None  # a vector product: ATen's own f16 gemv takes some (measured, thread-dependent), not modelled
-    scratchpad = _scratchpad(call, nthr, info.isa, dtype)
+    scratchpad = onednn_scratchpad(call, nthr, info.isa, dtype)
     if scratchpad is None:
         return None
     return scratchpad + (linear_copies(args) if func is aten.linear.default else bmm_copies(func, args))
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """Whether a src has no padded leading dimension: the AMX heuristics read its real ``lda`` (measured: a
-    padded row differs), which :class:`OnednnMatmul` does not carry."""
+def _dense(t: torch.Tensor, func: Any = None, args: tuple[Any, ...] = ()) -> bool:
+    """Whether the src oneDNN reads has no padded leading dimension: the AMX heuristics read its real ``lda``
+    (measured: a padded row differs), which :class:`OnednnMatmul` does not carry. ATen hands oneDNN a contiguous
+    copy of a batch that is not dense (:func:`_batched`: ``bmm`` / ``baddbmm``, ``aten.linear``'s batched path)
+    and of a linear's input whose leading dimensions do not fold (:func:`_linear_call`)."""
     if t.is_contiguous():
+        return True
+    if func is aten.linear.default and t.dim() > 2:
+        bias = args[2] if len(args) > 2 else None
+        if linear_batched(t, args[1], bias) or not _folds(t):
+            return True
+        t = t.reshape(-1, int(t.shape[-1]))
+    elif t.dim() == 3 and _batched(t) is None:
         return True
     return t.dim() >= 2 and t.transpose(-1, -2).is_contiguous()
 
 
-def _scratchpad(c: OnednnMatmul, nthr: int, isa: str, dtype: torch.dtype) -> int | None:
+def onednn_scratchpad(c: OnednnMatmul, nthr: int, isa: str, dtype: torch.dtype) -> int | None:
     """The scratchpad of the implementation oneDNN picks (``cpu_matmul_list.cpp``): on avx512_core_amx, bf16
     goes to ``brg_matmul:avx512_core_amx`` unless that refuses the shape, then to ``avx512_core_bf16``; f16
     (no AMX-FP16) to ``avx512_core_fp16``."""

@@ -20,13 +20,14 @@ from torch._subclasses.fake_tensor import is_fake
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import alloc_peak, aten, nbytes
 from nnmem.frontends.pytorch.workspace.matmul import (
+    AMX_ISA,
     MODELLED_ISA,
     MODELLED_THREADS,
     OnednnMatmul,
-    brgemm_scratchpad,
     linear_batched,
     matmul_scratch,
     onednn_matmul,
+    onednn_scratchpad,
 )
 
 MatmulScratch = Callable[[int, int, int], int]  # (m, k, n) -> scratch bytes of one linear's matmul
@@ -176,20 +177,21 @@ def _cell_of(params: list[torch.Tensor], hx: Any) -> _Cell:
 def native_matmul_scratch(x: torch.Tensor, info: CpuInfo) -> MatmulScratch | None:
     """The scratch of the cells' ``at::linear`` matmuls where ATen sends them to oneDNN (bfloat16): each is an
     ``addmm`` of ``[m, k] @ [k, n]`` (a ``[T, B, k]`` projection folded to ``T·B`` rows) on ``brg_matmul``,
-    sized by :func:`.matmul.brgemm_scratchpad`. None where that is not modelled here (another ISA or thread
-    count); the note says so. Float32 and float16 run ATen's gemm: no scratch. A batch-first input's first
+    sized by :func:`.matmul.onednn_scratchpad` (on ``avx512_core_bf16`` or AMX; the weight goes transposed).
+    None where that is not modelled here (another ISA or thread count); the note says so. Float32 and float16 run ATen's gemm: no scratch. A batch-first input's first
     projection does not fold: :func:`_first_projection`."""
     if x.dtype != torch.bfloat16 or not onednn_matmul(x.dtype, 1 << 30, 1, info):
         return lambda m, k, n: 0
-    if info.isa != MODELLED_ISA or torch.get_num_threads() not in MODELLED_THREADS:
+    if info.isa not in (MODELLED_ISA, AMX_ISA) or torch.get_num_threads() not in MODELLED_THREADS:
         return None
     nthr = torch.get_num_threads()
 
     def scratch(m: int, k: int, n: int) -> int:
         if not onednn_matmul(x.dtype, m * k, n, info):
             return 0  # checksize: small products stay on ATen's gemm
-        call = OnednnMatmul(1, k, m) if n == 1 else OnednnMatmul(m, k, n)
-        size = brgemm_scratchpad(call, nthr)
+        # at::linear(input, weight): the weight goes as weight.t() (transposed tag; AMX copies it so)
+        call = OnednnMatmul(1, k, m, 1, False, True) if n == 1 else OnednnMatmul(m, k, n, 1, False, True)
+        size = onednn_scratchpad(call, nthr, info.isa, x.dtype)
         if size is None:
             raise _NotModelled
         return size
