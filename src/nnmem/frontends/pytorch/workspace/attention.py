@@ -18,11 +18,12 @@ import torch
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, alloc_peak, aten, dtype_name
 from nnmem.frontends.pytorch.workspace.matmul import (
+    AMX_ISA,
     MODELLED_ISA,
     MODELLED_THREADS,
     OnednnMatmul,
-    brgemm_scratchpad,
     onednn_matmul,
+    onednn_scratchpad,
 )
 
 _REDUCED = (torch.float16, torch.bfloat16)
@@ -205,7 +206,7 @@ def rule_flash_attention_cpu_backward(args: tuple[Any, ...], kwargs: dict[str, A
     copy = 0 if grad_out.transpose(1, 2).is_contiguous() else grad_out.numel() * grad_out.element_size()
     buf = threads * 2 * q_split * kv_split * acc
     reduced = threads * 2 * q_split * kv_split * query.element_size() if query.dtype in _REDUCED else 0
-    gemms = flash_backward_gemm_scratch(query, key, _flash_scale(args, kwargs), info) or 0
+    gemms = flash_backward_gemm_scratch(query, key, _flash_scale(args, kwargs), info, _flash_causal(args, kwargs)) or 0
     return copy + buf + reduced + q_split * acc + gemms
 
 
@@ -215,8 +216,29 @@ def _flash_scale(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float | None:
     return None if scale is None else float(scale)
 
 
+def _flash_causal(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """The backward's ``is_causal`` argument (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal)."""
+    return bool(args[7] if len(args) > 7 else kwargs.get("is_causal", False))
+
+
+def _flash_block_shapes(q_len: int, kv_len: int, causal: bool) -> set[tuple[int, int]]:
+    """The distinct (query rows, key rows) blocks ``cpu_flash_attention_backward`` multiplies: for the block of
+    ``qBlockSize = min(q_split, q_len - m)`` rows at row m, key blocks at ``n < num_keys`` (``kv_len``, causal:
+    ``min(m + qBlockSize, kv_len)``) of ``min(kv_split, kv_len - n)`` rows."""
+    q_split, kv_split = _flash_blocks(q_len, kv_len)
+    # without a mask every query block sees the same keys: its first block and its tail suffice
+    starts = range(0, q_len, q_split) if causal else sorted({0, (q_len - 1) // q_split * q_split})
+    shapes = set()
+    for m in starts:
+        rows = min(q_split, q_len - m)
+        keys = min(m + rows, kv_len) if causal else kv_len
+        last = (keys - 1) // kv_split * kv_split
+        shapes |= {(rows, min(kv_split, kv_len - n)) for n in {0, last}}
+    return shapes
+
+
 def flash_backward_gemm_scratch(query: torch.Tensor, key: torch.Tensor, scale: float | None,
-                                info: CpuInfo) -> int | None:
+                                info: CpuInfo, causal: bool = False) -> int | None:
     """The largest oneDNN scratchpad among the reduced-precision flash backward's block gemms, in bytes; 0 where
     none goes to oneDNN; None where they do and no rule models them (the note says so).
 
@@ -227,23 +249,25 @@ def flash_backward_gemm_scratch(query: torch.Tensor, key: torch.Tensor, scale: f
     ``torch.get_num_threads()`` threads: :func:`.matmul.brgemm_scratchpad`), plus a 4 B dst scale where
     ``scale != 1``. The scores and their gradient accumulate in float32 through ATen's own gemm (no
     scratchpad). Calls run one after another on the calling thread: the peak holds the largest. Measured exact
-    on seeded shapes at 1-4 threads (tests/frontends/pytorch/test_flash_scratch.py).
+    on seeded shapes at 1-4 threads (tests/frontends/pytorch/test_flash_scratch.py). On AMX
+    (:func:`.matmul.onednn_scratchpad`) the scratchpad does not grow with the block: every distinct block shape,
+    tails included (:func:`_flash_block_shapes`), is sized and the largest taken.
     """
     if query.dtype not in _REDUCED or query.dim() != 4:
         return 0
     e = int(query.shape[3])
-    q_split, kv_split = _flash_blocks(int(query.shape[2]), int(key.shape[2]))
     alpha = scale if scale is not None else e ** -0.5
-    # (m, n, k, B transposed, scaled) of cpublas::gemm for grad_v, grad_q, grad_k
-    gemms = [(e, kv_split, q_split, True, False), (e, q_split, kv_split, False, True),
-             (e, kv_split, q_split, True, True)]
+    # (m, n, k, B transposed, scaled) of cpublas::gemm for grad_v, grad_q, grad_k, per block shape
+    gemms = [g for rows, keys in sorted(_flash_block_shapes(int(query.shape[2]), int(key.shape[2]), causal))
+             for g in ((e, keys, rows, True, False), (e, rows, keys, False, True), (e, keys, rows, True, True))]
     gemms = [g for g in gemms if onednn_matmul(query.dtype, g[0] * g[2], g[1], info)]
     if not gemms:
         return 0
     threads = torch.get_num_threads()
-    if query.dtype != torch.bfloat16 or info.isa != MODELLED_ISA or threads not in MODELLED_THREADS:
+    if query.dtype != torch.bfloat16 or info.isa not in (MODELLED_ISA, AMX_ISA) or threads not in MODELLED_THREADS:
         return None
-    sizes = [brgemm_scratchpad(OnednnMatmul(n, k, m, 1, transposed), threads) for m, n, k, transposed, _ in gemms]
+    sizes = [onednn_scratchpad(OnednnMatmul(n, k, m, 1, transposed), threads, info.isa, query.dtype)
+             for m, n, k, transposed, _ in gemms]
     if any(size is None for size in sizes):
         return None
     return max((size or 0) + (4 if scaled and alpha != 1.0 else 0) for size, (*_, scaled) in zip(sizes, gemms))
@@ -339,7 +363,8 @@ def attention_note(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], inf
             return f"float16 flash attention with oneDNN packing (ISA {info.isa}): {NOT_MODELLED}"
     elif func is _FLASH[1] and args[1].dtype in _REDUCED and args[1].dim() == 4:
         query, key = args[1], args[2]
-        if flash_backward_gemm_scratch(query, key, _flash_scale(args, kwargs), info) is None:
+        if flash_backward_gemm_scratch(query, key, _flash_scale(args, kwargs), info, _flash_causal(args, kwargs)) \
+                is None:
             return (f"{dtype_name(query.dtype)} flash attention backward through oneDNN's gemm (ISA {info.isa}): "
                     f"{NOT_MODELLED}")
     return None
