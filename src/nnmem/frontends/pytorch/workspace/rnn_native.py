@@ -178,8 +178,8 @@ def native_matmul_scratch(x: torch.Tensor, info: CpuInfo) -> MatmulScratch | Non
     """The scratch of the cells' ``at::linear`` matmuls where ATen sends them to oneDNN (bfloat16): each is an
     ``addmm`` of ``[m, k] @ [k, n]`` (a ``[T, B, k]`` projection folded to ``T·B`` rows) on ``brg_matmul``,
     sized by :func:`.matmul.onednn_scratchpad` (on ``avx512_core_bf16`` or AMX; the weight goes transposed).
-    None where that is not modelled here (another ISA or thread count); the note says so. Float32 and float16 run ATen's gemm: no scratch. A batch-first input's first
-    projection does not fold: :func:`_first_projection`."""
+    None where that is not modelled here (another ISA or thread count); the note says so. Float32 and float16
+    run ATen's gemm: no scratch. A batch-first input's first projection does not fold: :func:`_first_projection`."""
     if x.dtype != torch.bfloat16 or not onednn_matmul(x.dtype, 1 << 30, 1, info):
         return lambda m, k, n: 0
     if info.isa not in (MODELLED_ISA, AMX_ISA) or torch.get_num_threads() not in MODELLED_THREADS:
