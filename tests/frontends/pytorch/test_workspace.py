@@ -93,9 +93,14 @@ def test_conv_backward_within_reduction_scratchpad(label: str, make: Any, shape:
 
 @needs_mkldnn
 def test_conv_transpose_forward() -> None:
+    """The U-Net's up-sampling shape: exact on AVX-512 (nhwc ``brgconv_strided``, workspace/conv_transpose.py);
+    below it oneDNN's blocked kernels measured far from any rule, and the op says so (a note)."""
     conv, x = nn.ConvTranspose2d(32, 16, 2, stride=2), torch.randn(2, 32, 8, 8)
     (row,) = _ops(_train_step(conv, x), "aten.convolution.default", training=True)
-    assert row.predicted <= row.scratch <= row.predicted + 64 * 1024
+    if HOST.onednn_block == 16:
+        assert row.note is None and row.predicted == row.scratch
+    else:
+        assert row.note is not None
 
 
 LSTMS = [(32, 64, 4, 16), (64, 128, 8, 32), (32, 64, 1, 1), (200, 64, 4, 8), (32, 128, 4, 8),
@@ -279,7 +284,11 @@ def test_notes_follow_the_isa() -> None:
     w_t = torch.zeros(16, 32, 3, 3)  # a transposed convolution's weight: (in, out, kh, kw)
     transposed = note_for(conv, (x.half(), w_t.half(), None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1), {},
                           _synthetic("avx2"))
-    assert transposed is not None and "slow_transpose2d" in transposed
+    assert transposed is None  # ATen's transposed kernel: modelled in any floating type (workspace/conv_transpose.py)
+    x3, w3 = torch.zeros(1, 16, 4, 4, 4).half(), torch.zeros(16, 32, 3, 3, 3).half()
+    transposed_3d = note_for(conv, (x3, w3, None, [1, 1, 1], [0, 0, 0], [1, 1, 1], True, [0, 0, 0], 1), {},
+                             _synthetic("avx2"))
+    assert transposed_3d is not None and "slow_transpose3d" in transposed_3d
 
 
 def test_rules_collect_notes_of_a_trace() -> None:

@@ -56,8 +56,10 @@ class Tmm:
         return bd2 * ld2
 
 
-def blocking_tmm(bd: int, ld: int, reduce_dim: int, mask: list[int] | None) -> Tmm:
-    """``brgemm_blocking_tmm`` for a bfloat16 uker (``can_dispatch_uker``) without hints or extendable K."""
+def blocking_tmm(bd: int, ld: int, reduce_dim: int, mask: list[int] | None, uker: bool = True) -> Tmm:
+    """``brgemm_blocking_tmm`` for a bfloat16 brgemm without hints or extendable K: the uker
+    (``can_dispatch_uker``) by default; ``uker=False`` stops after the decomposition, whose ``recalc_blocking``
+    then leaves full blocks apart from the tails."""
     b = Tmm(bd, ld, mask, ldb=ld // 16, ldb_tail=ld % 16)
 
     def mask_block() -> bool:  # find_bd_block_for_bd_mask
@@ -114,14 +116,21 @@ def blocking_tmm(bd: int, ld: int, reduce_dim: int, mask: list[int] | None) -> T
         if ld_block:
             b.ld_block, b.ldb, b.ldb_tail = ld_block, div_up(ld, ld_block), ld % ld_block
         if bd_block2:
-            b.bd_block2 = bd_block2
-        if ld_block2:
+            b.bd_block2 = bd_block2 - (1 if not uker and b.bdb_tail and bd_block2 > 1 else 0)
+        if ld_block2 and uker:
             b.ld_block2 = ld_block2
             b.ldb2, b.ldb2_tail = div_up(b.ldb, ld_block2), 0
+        elif ld_block2:
+            b.ld_block2 = ld_block2 - (1 if b.ldb_tail and ld_block2 > 1 else 0)
+            full = b.ldb - (1 if b.ldb_tail else 0)
+            b.ldb2, b.ldb2_tail = full // b.ld_block2, full % b.ld_block2
 
     if not (try_2x2() or try_3x1(3) or try_3x1(2)):
         try_2x2()
     recalc(b.bd_block, b.ld_block, b.bd_block2, b.ld_block2)
+    if not uker:  # the hints' recalc_blocking (none given) repeats the tails' trim
+        recalc(0, 0, b.bd_block2, b.ld_block2)
+        return b
     bdb_block_tail = not (b.bd_block > 12 and bd % b.bd_block == 0 and mask is None)
     ldb_tail_16 = ld % 16 != 0
     if not bdb_block_tail and not ldb_tail_16:  # 1x(4|5) or (4|5)x1 for a K that fits L1 (K_koef 1)

@@ -29,6 +29,7 @@ from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import bwd_weights as bf16_
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import fwd_or_bwd_data as bf16_1x1_fwd_or_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, bwd_weights_scratch
+from nnmem.frontends.pytorch.workspace.conv_gemm import gemm_backward, gemm_forward, gemm_nhwc_backward
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
 from nnmem.frontends.pytorch.workspace.conv_native import (
     slow3d_backward,
@@ -37,7 +38,7 @@ from nnmem.frontends.pytorch.workspace.conv_native import (
     slow_dilated_forward,
 )
 from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward, unit_stride_bwd_data
-from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward, conv_transpose_forward
+from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward
 from nnmem.frontends.pytorch.workspace.conv_select import (
     ConvCall,
     bf16_amx_forward,
@@ -45,11 +46,16 @@ from nnmem.frontends.pytorch.workspace.conv_select import (
     conv_backend,
     conv_call,
     copied_input,
+    onednn_3d_backward,
     onednn_3d_forward,
     onednn_gemm,
     onednn_nhwc,
-    onednn_transpose_backward,
-    onednn_transpose_forward,
+)
+from nnmem.frontends.pytorch.workspace.conv_transpose import (
+    slow_transpose_backward,
+    slow_transpose_forward,
+    transpose_backward,
+    transpose_forward,
 )
 
 
@@ -64,6 +70,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
         return slow_dilated_forward(call, nbytes(out))
     if backend == "slow3d":
         return slow3d_forward(call, nbytes(out))
+    if backend == "slow_transpose2d":
+        return slow_transpose_forward(call) or 0
     if backend == "mkldnn" and bf16_1x1_modelled(call, info):  # jit_bf16_1x1: its scratchpad first
         pad = bf16_1x1_fwd_or_bwd_data(one_by_one(call, bias is not None), torch.get_num_threads(), False)
         return conv_forward(x, weight, bias, out, 1, info.onednn_block, call.stride, scratchpad=pad)
@@ -77,20 +85,23 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
         return amx
     if call.dtype != torch.float32 and not bf16_forward_modelled(call, info):
         return 0  # not modelled: conv_note says so
-    if len(call.x_shape) != 4 and not onednn_3d_forward(call, backend):
+    if len(call.x_shape) != 4 and not onednn_3d_forward(call, backend) and not onednn_nhwc(call):
         return 0  # not modelled: conv_note says so
     if backend == "mkldnn" and onednn_nhwc(call):
         if call.one_d:  # the 4-D views ATen hands oneDNN
             x, weight = x.unsqueeze(2), weight.unsqueeze(2)
         return nhwc_forward(x, weight, call.groups, info.onednn_block)
     copy, call = copied_input(call, backend)
-    if (call.x_layout != "contiguous" and not call.one_d) or (backend == "mkldnn" and onednn_gemm(call, info)[0]):
+    if call.x_layout != "contiguous" and not call.one_d:
         return 0  # not modelled: conv_note says so
+    if backend == "mkldnn" and onednn_gemm(call, info)[0]:  # gemm: conv_gemm (conv_note where not sized)
+        copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else copy
+        return copy + (gemm_forward(call, torch.get_num_threads(), info.onednn_block) or 0)
     if backend == "mkldnn":  # a strided input is made contiguous first, and stays live
         copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else copy
         return copy + conv_forward(x, weight, bias, out, call.groups, info.onednn_block, call.stride)
-    if backend == "mkldnn_transpose" and onednn_transpose_forward(call, info):
-        return conv_transpose_forward(x, weight, out, info.onednn_block)
+    if backend == "mkldnn_transpose":  # conv_transpose; None: not modelled, conv_note says so
+        return transpose_forward(call, bias is not None, info) or 0
     return 0
 
 
@@ -191,10 +202,10 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         return slow_dilated_backward(call, grad_out, mask, fresh)
     if backend == "slow3d":
         return slow3d_backward(call, grad_out, mask, fresh)
-    if backend == "mkldnn_transpose" and onednn_transpose_backward(call, info):
-        # ideep's deconvolution backward runs oneDNN convolutions with the roles swapped: the same
-        # blocked reorders as a forward convolution's backward (ONEDNN_VERBOSE: aBcd16b, BAcd16a16b)
-        return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block)
+    if backend == "mkldnn_transpose":  # conv_transpose; None: not modelled, conv_note says so
+        return transpose_backward(call, grad_out, mask, out, info) or 0
+    if backend == "slow_transpose2d":
+        return slow_transpose_backward(call, grad_out, mask, out) or 0
     if backend == "mkldnn" and bf16_1x1_modelled(call, info):
         problem, nthreads = one_by_one(call, bool(mask[2])), torch.get_num_threads()
         data = bf16_1x1_fwd_or_bwd_data(problem, nthreads, True) if mask[0] else 0
@@ -210,11 +221,15 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         scratchpad = bf16_bwd_weights_scratch(call, bool(mask[2]), torch.get_num_threads()) if mask[1] else 0
         return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block,
                              scratchpad=scratchpad, first=first, weights_block=16)
-    if backend != "mkldnn" or call.dtype != torch.float32 or len(call.x_shape) != 4:
+    if backend != "mkldnn" or call.dtype != torch.float32 or len(call.x_shape) not in (4, 5):
+        return 0  # conv_note says so
+    if len(call.x_shape) == 5 and not onednn_nhwc(call) and not onednn_3d_backward(call, info, backend):
         return 0  # conv_note says so
     if onednn_nhwc(call):
         conv = (call.stride, call.padding, call.dilation)
-        if onednn_gemm(call, info)[1]:  # the weights' gradient on gemm (conv_note says so): grad_input only
+        full_mask = mask
+        gemm_weights = onednn_gemm(call, info)[1] and (mask[1] or mask[2])
+        if gemm_weights:  # the weights' gradient on gemm: conv_gemm after grad_input (conv_note where not sized)
             mask = (mask[0], False, False)
         if call.one_d:  # the 4-D views ATen hands oneDNN
             grad_out, x, weight = grad_out.unsqueeze(2), x.unsqueeze(2), weight.unsqueeze(2)
@@ -227,21 +242,35 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         if mask[0] and call.groups == 1 and info.onednn_block == 16:  # brgemm kernels (conv_note otherwise)
             data = (strided_bwd_data(call, torch.get_num_threads(), 16) or 0) if any(st > 1 for st in call.stride) \
                 else unit_stride_bwd_data(torch.get_num_threads())
+        if gemm_weights:  # below AVX-512 grad_input runs brg_conv_bwd:avx2 with the same batch buffers (measured)
+            data = unit_stride_bwd_data(torch.get_num_threads()) if mask[0] and info.onednn_block < 16 else data
+            copies = nhwc_backward(grad_out, x, weight, call.groups, conv, (False,) * 3, (), info.onednn_block)
+            peak = nhwc_backward(grad_out, x, weight, call.groups, conv, mask, (), info.onednn_block, extra, data)
+            return gemm_nhwc_backward(call, full_mask, copies, peak, fresh, torch.get_num_threads(),
+                                      info.onednn_block) or 0
         return nhwc_backward(grad_out, x, weight, call.groups, conv, mask, out, info.onednn_block, extra, data)
     copied, call = copied_input(call, backend)
-    if (call.x_layout != "contiguous" and not call.one_d) or onednn_gemm(call, info)[0]:
+    if call.x_layout != "contiguous" and not call.one_d:
         return 0  # conv_note says so
     # convolution_backward makes a strided input contiguous first (1-D: view1d_as_2d), live through the kernel
     copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else copied
-    if onednn_gemm(call, info)[1]:  # the weights' gradient on gemm (conv_note says so): grad_input only
-        mask = (mask[0], False, False)
+    gemm = onednn_gemm(call, info)
+    if gemm[0] or gemm[1] and (mask[1] or mask[2]):  # gemm: conv_gemm (conv_note where not sized)
+        jit_data = None if gemm[0] else conv_backward(grad_out, x, weight, False, call.groups,
+                                                      (mask[0], False, False), (), info.onednn_block)
+        contiguous = 0 if grad_out.is_contiguous() else nbytes(grad_out)
+        return copy + (gemm_backward(call, gemm, mask, contiguous, jit_data, fresh, torch.get_num_threads(),
+                                     info.onednn_block) or 0)
     strided_nhwc = call.groups == 1 and any(s > 1 for s in call.stride)
     data = (strided_bwd_data(call, torch.get_num_threads(), info.onednn_block) or 0) if strided_nhwc and mask[0] else 0
     scratchpad = 0
     if mask[1]:  # the weights' reduction over threads (conv_note when not sized)
         scratchpad = bwd_weights_scratch(call, bool(mask[2]), info.onednn_block, torch.get_num_threads()) or 0
+    first_3d = None  # a strided 3-D 1x1 one runs the direct kernel, which reads 1 to 3 channels on ncdhw
+    if len(call.x_shape) == 5 and call.w_shape[2:] == (1, 1, 1) and any(s > 1 for s in call.stride):
+        first_3d = call.x_shape[1] <= 3
     return copy + conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
-                                strided_nhwc, scratchpad, data_scratchpad=data)
+                                strided_nhwc, scratchpad, first=first_3d, data_scratchpad=data)
 
 
 CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | None]] = {

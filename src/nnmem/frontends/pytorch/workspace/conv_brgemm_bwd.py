@@ -6,14 +6,16 @@ Ported from oneDNN 3.12 (the version torch 2.13 bundles), src/cpu/x64/jit_brgemm
 ``init_jcp`` / ``init_conf`` / ``init_scratchpad``. Each booking is aligned to a page (``P4K``), so the
 scratchpad is, per thread: a batch of ``brgemm_batch_element_t`` (40 B each) rounded to a page, the output
 gradient copied with the kernel's overflow rows and columns (``odp * ohp * owp * oc``, rounded to a page of
-elements), a one-byte mask per block rounded to a page; plus a page of alignment per booking. An accumulation
-buffer (bfloat16: ``ic_block * ceil(iw_block / stride)`` floats per thread) and, when the input width is not a
-multiple of the stride, an output buffer of ``iw_block`` columns depend on the blocking ``est_eff`` picks:
-those calls are not sized here.
+elements), a one-byte mask per block rounded to a page; plus a page of alignment per booking; when the input
+width is not a multiple of the stride, an output buffer of ``iw_block * stride_w * ic`` elements per thread
+rounded to a page (sized only where the widest block fits in one page, so that ``est_eff``'s pick does not
+matter). An accumulation buffer (bfloat16: ``ic_block * ceil(iw_block / stride)`` floats per thread) depends on
+the blocking: those calls are not sized here. 2-D and 3-D alike.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
@@ -47,34 +49,45 @@ def _page(value: int) -> int:
 
 
 def _regression(call: ConvCall) -> bool:
-    """The float32 shapes ``init_jcp`` sends to another kernel "due to low performance"."""
-    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[2:], call.w_shape[2:], call.out_sizes
+    """The float32 shapes ``init_jcp`` sends to another kernel "due to low performance" (2-D ones only: it asks
+    ``id == od == 1``, which a 3-D call with depth 1 passes too)."""
+    if len(call.x_shape) == 5 and (call.x_shape[2] != 1 or call.out_sizes[0] != 1):
+        return False
+    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[-2:], call.w_shape[-2:], call.out_sizes[-2:]
     ic, oc = call.x_shape[1], call.w_shape[0]
     if ic == 128 and oc == 256 and (ih, iw, oh, ow) == (101, 85, 49, 41):
         return True
     if ic == 3 and oc == 128 and (ih, iw, oh, ow) == (207, 175, 101, 85):
         return True
-    return call.stride == (2, 2) and kh == kw and (ic, oc, ih, iw, oh, ow, kh, kw, 2) in _REGRESSION
+    return call.stride[-2:] == (2, 2) and kh == kw and (ic, oc, ih, iw, oh, ow, kh, kw, 2) in _REGRESSION
 
 
 def strided_bwd_data(call: ConvCall, nthreads: int, block: int) -> int | None:
-    """Bytes of ``brgconv_strided``'s backward-data scratchpad for a strided, ungrouped, undilated float32 call
-    on AVX-512 (``block`` 16, oneDNN's channel block); None where it depends on the blocking (an input width that
-    is not a multiple of the stride, bfloat16's accumulation buffer, more blocks than a page of mask bytes, a
-    batch of more than a page; on AVX2 the weights' reorder follows the blocking's input-channel block too) or
-    another kernel runs (dilation, the regression shapes)."""
-    if block != 16 or call.groups != 1 or len(call.x_shape) != 4 or any(d != 1 for d in call.dilation):
+    """Bytes of ``brgconv_strided``'s backward-data scratchpad for a strided, ungrouped, undilated float32 2-D or
+    3-D call on AVX-512 (``block`` 16, oneDNN's channel block); None where it depends on the blocking (an input
+    width that is not a multiple of the stride, bfloat16's accumulation buffer, more blocks than a page of mask
+    bytes, a batch of more than a page; on AVX2 the weights' reorder follows the blocking's input-channel block
+    too) or another kernel runs (dilation, the regression shapes). A 3-D one copies ``odp`` output planes (its
+    ``back_ovf`` reads the undilated ``kd``, as ``init_conf`` does)."""
+    if block != 16 or call.groups != 1 or len(call.x_shape) not in (4, 5) or any(d != 1 for d in call.dilation):
         return None
     if call.itemsize != 4 or not any(s > 1 for s in call.stride) or _regression(call):
         return None
-    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[2:], call.w_shape[2:], call.out_sizes
-    (sh, sw), (t_pad, l_pad) = call.stride, call.padding
-    if iw % sw or kh * kw * _BATCH_ELEMENT > _P4K or ih * -(-iw // sw) > _P4K:
+    planes, positions = 1, 1
+    for i, k, o, s, pad in zip(call.x_shape[2:], call.w_shape[2:], call.out_sizes, call.stride, call.padding):
+        end_pad = (o - 1) * s + k - (i + pad)  # calculate_end_padding, may be negative
+        planes *= o + max(0, k - 1 - pad) // s + max(0, k - 1 - end_pad) // s  # odp, ohp, owp
+        positions *= i
+    iw, sw, ic = call.x_shape[-1], call.stride[-1], call.x_shape[1]
+    taps = math.prod(call.w_shape[2:])
+    if taps * _BATCH_ELEMENT > _P4K or positions // iw * -(-iw // sw) > _P4K:
         return None
-    b_pad = (oh - 1) * sh + kh - (ih + t_pad)  # calculate_end_padding, may be negative
-    r_pad = (ow - 1) * sw + kw - (iw + l_pad)
-    ohp = oh + max(0, kh - 1 - t_pad) // sh + max(0, kh - 1 - b_pad) // sh
-    owp = ow + max(0, kw - 1 - l_pad) // sw + max(0, kw - 1 - r_pad) // sw
+    # an uneven width (has_uneven_iw) runs exec_trans with an output buffer of iw_block * stride_w * ic elements
+    # per thread, rounded to a page: a page whatever block est_eff picks while the widest (rnd_up(iw, stride_w))
+    # fits in one
+    uneven = _book(nthreads * _P4K * call.itemsize) if iw % sw else 0
+    if iw % sw and -(-iw // sw) * sw * sw * ic > _P4K:
+        return None
     oc = call.w_shape[0]
-    return (brgemm_batch_bytes(nthreads) + _book(nthreads * _page(ohp * owp * oc) * call.itemsize)
-            + _book(nthreads * _P4K))
+    return (brgemm_batch_bytes(nthreads) + _book(nthreads * _page(planes * oc) * call.itemsize)
+            + _book(nthreads * _P4K) + uneven)

@@ -1,4 +1,4 @@
-"""The scratchpad of oneDNN's float32 backward-weights convolutions on nchw: per-thread partial sums.
+"""The scratchpad of oneDNN's float32 backward-weights convolutions on nc(d)hw: per-thread partial sums.
 
 oneDNN splits the weights' gradient over threads along the batch (``nthr_mb``) and reduces the partial sums
 through a scratchpad booked at primitive creation; ideep allocates it for the call. Each booking costs its
@@ -7,7 +7,9 @@ size plus its alignment (``registry_t::book``, src/common/memory_tracking.hpp: 1
 v3.x (cpu/x64): ``jit_avx512_common_1x1_conv_kernel_t::balance`` / ``init_scratchpad``,
 ``jit_avx512_common_conv_bwd_weights_kernel_f32_t::init_conf`` / ``balance`` / ``init_scratchpad``, the
 ``init_balancers`` of ``jit_avx2_convolution_bwd_weights_t`` and ``jit_avx2_1x1_convolution_bwd_weights_t``,
-and ``reduce_balancer_t::balance`` (cpu_reducer.cpp). Which kernel runs: :func:`bwd_weights_kernel`.
+and ``reduce_balancer_t::balance`` (cpu_reducer.cpp). 3-D (AVX-512 only): the direct kernel's
+``harness_3d_reduction`` balance over ``mb * od``, ``jit_1x1`` on the flattened ``id * ih * iw``. Which kernel
+runs: :func:`bwd_weights_kernel`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def _div_up(a: int, b: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ConvDims:
-    """The shape of one 2-D convolution as oneDNN's ``jcp`` reads it (channels unpadded, one group)."""
+    """The shape of one 2-D or 3-D convolution as oneDNN's ``jcp`` reads it (channels unpadded, one group); a
+    2-D one has depth 1 (``id``, ``od``, ``kd``, ``sd``) and ``three_d`` False."""
 
     mb: int
     ic: int
@@ -57,6 +60,11 @@ class ConvDims:
     sh: int
     sw: int
     with_bias: bool
+    id: int = 1
+    od: int = 1
+    kd: int = 1
+    sd: int = 1
+    three_d: bool = False
 
 
 def _reduce_balance(nthr: int, job_size: int, njobs: int, reduction: int, max_buffer: int) -> tuple[int, int, int]:
@@ -174,28 +182,30 @@ _MIN_OH_REDUCE = 9  # jit_avx512_common_conv_bwd_weights_kernel_f32_t::min_oh_re
 
 
 def avx512_direct(d: ConvDims, nthreads: int, dilated: bool, nxc: bool = False) -> int:
-    """``jit:avx512_core`` (``jit_avx512_common_convolution_bwd_weights_t``) on nChw16c, or on nchw for a
-    first convolution of 1 to 3 channels (``ic_block = ic``); ``nxc``: on nhwc activations, which never take
-    the 2-D (oh) reduction harness, and whose padded bias the caller books (:mod:`.conv_nhwc`)."""
+    """``jit:avx512_core`` (``jit_avx512_common_convolution_bwd_weights_t``) on nC(d)hw16c, or on nc(d)hw for a
+    first convolution of 1 to 3 channels (``ic_block = ic``); ``nxc``: on n(d)hwc activations, which never take
+    the 2-D (oh) reduction harness, and whose padded bias the caller books (:mod:`.conv_nhwc`). A 3-D one takes
+    ``harness_3d_reduction``: ``balance`` splits ``mb * od`` and its costs carry the depth (``id / stride_d``,
+    ``od``, ``kd``)."""
     blk = 16
     first = d.ic <= 3
     ic_block = d.ic if first else blk
     ic, oc = d.ic if first else round_up(d.ic, blk), round_up(d.oc, blk)
-    nb_ic, nb_oc, k = ic // ic_block, oc // blk, d.kh * d.kw
-    two_d = not dilated and not nxc and d.oh > _MIN_OH_REDUCE
+    nb_ic, nb_oc, k = ic // ic_block, oc // blk, d.kd * d.kh * d.kw
+    two_d = not dilated and not nxc and not d.three_d and d.oh > _MIN_OH_REDUCE
     ih_r, oh_r = (d.ih, d.oh) if two_d else (1, 1)
     ih_n, oh_n = (1, 1) if two_d else (d.ih, d.oh)
     nthr_oh = max(1, oh_r // _MIN_OH_REDUCE)
 
     def mem(n_mb: int, n_oc: int, n_ic: int) -> int:
-        return (_div_up(d.mb * ih_r, n_mb) * _div_up(nb_ic, n_ic) * ic_block * ih_n * d.iw // d.sh // d.sw
-                + _div_up(d.mb * oh_r, n_mb) * _div_up(nb_oc, n_oc) * blk * oh_n * d.ow
+        return (_div_up(d.mb * ih_r, n_mb) * _div_up(nb_ic, n_ic) * ic_block * ih_n * d.iw * d.id // d.sd // d.sh
+                // d.sw + _div_up(d.mb * oh_r, n_mb) * _div_up(nb_oc, n_oc) * blk * oh_n * d.ow * d.od
                 + 8 * _div_up(nb_oc, n_oc) * _div_up(nb_ic, n_ic) * k * ic_block * blk)
 
     def comp(n_mb: int, n_oc: int, n_ic: int) -> int:
         return _div_up(d.mb * oh_r, n_mb) * _div_up(nb_oc, n_oc) * _div_up(nb_ic, n_ic)
 
-    mb_max = min(nthreads, d.mb * nthr_oh)
+    mb_max = min(nthreads, d.mb * d.od * nthr_oh)
     splits = [(n_mb, n_oc, min(nthreads // n_mb // n_oc, nb_ic))
               for n_mb in range(1, mb_max + 1) for n_oc in range(1, min(nthreads // n_mb, nb_oc) + 1)]
     pick, best_mem = (1, 1, 1), mem(1, 1, 1)
@@ -208,7 +218,7 @@ def avx512_direct(d: ConvDims, nthreads: int, dilated: bool, nxc: bool = False) 
             pick, best_comp = s, comp(*s)
     nthr_mb = pick[0]
     if nthreads // 2 < nthr_mb < nthreads:
-        nthr_mb = min(d.mb * nthr_oh, nthreads)
+        nthr_mb = min(d.mb * d.od * nthr_oh, nthreads)
     nthr = nthr_mb * pick[1] * pick[2]
     total = 0
     if nthr_mb > 1:
@@ -275,42 +285,61 @@ def depthwise(d: ConvDims, nthreads: int, block: int) -> int:
 
 
 def bwd_weights_kernel(call: ConvCall, block: int, nxc: bool = False) -> str | None:
-    """Which float32 nchw backward-weights kernel oneDNN runs for an ungrouped or depthwise 2-D convolution,
-    as ``ONEDNN_VERBOSE`` names it ("jit_dw" for ``jit_uni_dw``); None where no port here sizes it (a
-    strided 1x1 kernel whose output does not tile the input, which "reduce to unit stride" refuses;
-    ``kw > 14``, which the direct kernels refuse; a depthwise one outside ``jit_uni_dw``; other groups)."""
-    if len(call.x_shape) != 4:
+    """Which float32 nchw backward-weights kernel oneDNN runs for an ungrouped or depthwise 2-D convolution, or an
+    ungrouped 3-D one on AVX-512, as ``ONEDNN_VERBOSE`` names it ("jit_dw" for ``jit_uni_dw``); None where no port
+    here sizes it (a strided 1x1 kernel whose output does not tile the input, which "reduce to unit stride"
+    refuses; ``kw > 14``, which the direct kernels refuse; a depthwise one outside ``jit_uni_dw``; other groups;
+    in 3-D: 4 to 15 channels on ncdhw, a dilation, a 3-D one below AVX-512, all of which run ``gemm``)."""
+    three_d = len(call.x_shape) == 5
+    if len(call.x_shape) != 4 and not three_d:
         return None
     if 1 < call.groups == call.x_shape[1] == call.w_shape[0]:  # one group of one channel: a dense one
         return "jit_dw" if dw_jit_bwd_weights(call.x_shape, call.w_shape, call.stride, call.padding,
                                               call.dilation) else None
-    if call.groups != 1:
+    if call.groups != 1 or three_d and block != 16:
         return None
-    kh, kw = call.w_shape[2:]
-    one_by_one = kh == kw == 1 and not any(call.padding)
-    if one_by_one and not all(i % s == 0 for i, s in zip(call.x_shape[2:], call.stride)):
+    kw = call.w_shape[-1]
+    one_by_one = all(k == 1 for k in call.w_shape[2:]) and not any(call.padding)
+    if one_by_one and three_d and all(s == 1 for s in call.stride):
+        return "jit_1x1:avx512_core"
+    if one_by_one and not three_d and not all(i % s == 0 for i, s in zip(call.x_shape[2:], call.stride)):
         return None
-    if one_by_one:
+    if one_by_one and not three_d:
         return "jit_1x1:avx512_core" if block == 16 else "jit_1x1:avx2"
     if kw > 14:
         return None
     # the avx512 direct kernel takes a first convolution only on 1 to 3 channels on nchw (is_1stconv / src_ok),
-    # any on nhwc
-    kernel = "jit:avx512_core" if block == 16 and (nxc or not 4 <= call.x_shape[1] < 16) else "jit:avx2"
+    # any on nhwc; a 3-D one of 4 to 15 channels runs gemm (jit:avx2 takes only 2-D ones)
+    first_refused = 4 <= call.x_shape[1] < 16 and not nxc
+    if three_d:
+        return None if first_refused or _direct_refuses(call, True) else "jit:avx512_core"
+    kernel = "jit:avx512_core" if block == 16 and not first_refused else "jit:avx2"
     return None if _direct_refuses(call, kernel == "jit:avx512_core") else kernel
+
+
+def _end_pad(call: ConvCall, dim: int) -> tuple[int, int, int]:
+    """``(input, extended kernel, end padding at least 0)`` of spatial ``dim`` (``calculate_end_padding``)."""
+    dim %= len(call.out_sizes)
+    i, k, o = call.x_shape[2 + dim], call.w_shape[2 + dim], call.out_sizes[dim]
+    ext = (k - 1) * call.dilation[dim] + 1
+    return i, ext, max(0, (o - 1) * call.stride[dim] + ext - (i + call.padding[dim]))
 
 
 def _direct_refuses(call: ConvCall, avx512: bool) -> bool:
     """Whether the direct kernel's ``init_conf`` refuses the call (oneDNN then runs ``gemm``): the avx512 one
     (jit_avx512_common_conv_kernel.cpp) a dilated height with a stride, a dilated kernel taller than the input, a
     left or right padding not below the dilated kernel's width or above 28, a top or bottom one above half its
-    height; the avx2 one (jit_avx2_conv_kernel_f32.cpp) any dilation, a padding not below the kernel, a kernel
-    taller than the input."""
-    (ih, iw), (kh, kw), (oh, ow) = call.x_shape[2:], call.w_shape[2:], call.out_sizes
-    (sh, sw), (t_pad, l_pad), (dh, dw) = call.stride, call.padding, call.dilation
-    ext_kh, ext_kw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
-    b_pad = max(0, (oh - 1) * sh + ext_kh - (ih + t_pad))  # calculate_end_padding, at least 0
-    r_pad = max(0, (ow - 1) * sw + ext_kw - (iw + l_pad))
+    height; in 3-D any dilation of the depth, a front or back padding not below the kernel's depth, a front
+    padding with a kernel as deep as the padded input; the avx2 one (jit_avx2_conv_kernel_f32.cpp) any
+    dilation, a padding not below the kernel, a kernel taller than the input."""
+    (ih, ext_kh, b_pad), (_, ext_kw, r_pad) = _end_pad(call, -2), _end_pad(call, -1)
+    kh = call.w_shape[-2]
+    (sh, _), (t_pad, l_pad), (dh, dw) = call.stride[-2:], call.padding[-2:], call.dilation[-2:]
+    if len(call.x_shape) == 5:
+        i_d, ext_kd, back_pad = _end_pad(call, 0)
+        f_pad, kd = call.padding[0], call.w_shape[2]
+        if call.dilation[0] > 1 or not (f_pad < ext_kd and back_pad < ext_kd) or (f_pad > 0 and kd >= i_d + f_pad):
+            return True
     if avx512:
         return ((dh > 1 and (sh != 1 or ext_kh > ih)) or not (l_pad < ext_kw and r_pad < ext_kw)
                 or max(t_pad, b_pad) > ext_kh // 2 or max(l_pad, r_pad) > 28)
@@ -318,26 +347,35 @@ def _direct_refuses(call: ConvCall, avx512: bool) -> bool:
             or kh > ih or t_pad >= kh)
 
 
+def _dims(call: ConvCall, with_bias: bool) -> ConvDims:
+    """The call's :class:`ConvDims`, a 2-D one with depth 1."""
+    n, c, *ins = call.x_shape
+    o, _, *ks = call.w_shape
+    outs, strides = list(call.out_sizes), list(call.stride)
+    if len(ins) == 2:
+        ins, ks, outs, strides = [1, *ins], [1, *ks], [1, *outs], [1, *strides]
+    return ConvDims(n, c, o, ins[1], ins[2], outs[1], outs[2], ks[1], ks[2], strides[1], strides[2], with_bias,
+                    ins[0], outs[0], ks[0], strides[0], len(call.x_shape) == 5)
+
+
 def bwd_weights_scratch(call: ConvCall, with_bias: bool, block: int, nthreads: int, nxc: bool = False) -> int | None:
     """Bytes of the backward-weights scratchpad ideep allocates for this call, None where not modelled.
 
     Args:
-        call: the convolution (float32, nchw, ungrouped or depthwise).
+        call: the convolution (float32, nc(d)hw, ungrouped or depthwise).
         with_bias: whether the bias gradient is computed in the same primitive.
         block: oneDNN's channel block on this CPU (16 on AVX-512, 8 below).
         nthreads: ``dnnl_get_max_threads()``, i.e. ``torch.get_num_threads()``.
-        nxc: nhwc activations (sized for the direct AVX-512 kernel only).
+        nxc: n(d)hwc activations (sized for the direct AVX-512 kernel only).
     """
     kernel = bwd_weights_kernel(call, block, nxc)
     if kernel is None:
         return None
-    n, c, ih, iw = call.x_shape
-    o, _, kh, kw = call.w_shape
-    (sh, sw), dh = call.stride, call.dilation[0]
-    oh, ow = call.out_sizes
-    d = ConvDims(n, c, o, ih, iw, oh, ow, kh, kw, sh, sw, with_bias)
-    strided = sh != 1 or sw != 1
-    unit = ConvDims(n, c, o, oh, ow, oh, ow, 1, 1, 1, 1, with_bias)  # rtus_prepare's unit-stride problem
+    d = _dims(call, with_bias)
+    strided = d.sh != 1 or d.sw != 1
+    # rtus_prepare's unit-stride problem; a 3-D 1x1 one (unit stride only) flattens its depth into the height,
+    # as jcp.is = id * ih * iw does
+    unit = ConvDims(d.mb, d.ic, d.oc, d.od * d.oh, d.ow, d.od * d.oh, d.ow, 1, 1, 1, 1, with_bias)
     if kernel == "jit_1x1:avx512_core":
         return avx512_1x1(unit, nthreads, strided)
     if kernel == "jit_1x1:avx2":
@@ -345,5 +383,5 @@ def bwd_weights_scratch(call: ConvCall, with_bias: bool, block: int, nthreads: i
     if kernel == "jit_dw":
         return depthwise(d, nthreads, block)
     if kernel == "jit:avx512_core":
-        return avx512_direct(d, nthreads, dilated=dh != 1, nxc=nxc)
+        return avx512_direct(d, nthreads, dilated=call.dilation[-2] != 1, nxc=nxc)
     return avx2_direct(d, nthreads)

@@ -3,8 +3,10 @@
 aten/src/ATen/native/mkldnn/Conv.cpp: with a channels-last input or weight (``mkldnn_conv_use_channels_last``)
 the activations are viewed in place (nhwc), the weight is made ``contiguous(ChannelsLast)`` and reordered to
 the blocked layout of the oneDNN implementation that runs, grad_weight is copied dense and then
-``.to(ChannelsLast)``. The layouts are those the implementations declare in ``ONEDNN_VERBOSE`` (oneDNN 3.12;
-``b`` is the ISA's channel block, 16 on AVX-512, 8 on AVX2): brgemm convolutions ``Acdb16a/32a`` forward
+``.to(ChannelsLast)``; a 3-D one the same on ndhwc (``ChannelsLast3d``, layouts with one more spatial letter;
+which 3-D shapes are claimed: :func:`.conv_3d.ndhwc_note`). The layouts are those the implementations declare
+in ``ONEDNN_VERBOSE`` (oneDNN 3.12; ``b`` is the ISA's channel block, 16 on AVX-512, 8 on AVX2): brgemm
+convolutions ``Acdb16a/32a`` forward
 (``Acdb8a/16a/24a/32a`` on AVX2), ``Bcda16b/32b`` backward data; ``jit`` backward weights ``ABcd16b16a``
 (``Acdb16a`` below 16 input channels on AVX-512); grouped ``jit`` ``aBCde16c16b``; depthwise ``Goihw16g``.
 Scratchpads booked by oneDNN (``memory_tracking`` registry; each booking is padded by 128 B) are counted
@@ -31,8 +33,10 @@ _BOOK_PAD = 128  # oneDNN memory_tracking registry: each booking's capacity is i
 
 
 def _cl_copy(t: torch.Tensor) -> int:
-    """Bytes of ``t.contiguous(ChannelsLast)``: nothing when it already is (a depthwise or 1x1 weight is)."""
-    return 0 if t.is_contiguous(memory_format=torch.channels_last) else nbytes(t)
+    """Bytes of ``t.contiguous(ChannelsLast)`` (``ChannelsLast3d`` for a 5-D one,
+    ``mkldnn_convolution_memory_format``): nothing when it already is (a depthwise or 1x1 weight is)."""
+    layout = torch.channels_last_3d if t.dim() == 5 else torch.channels_last
+    return 0 if t.is_contiguous(memory_format=layout) else nbytes(t)
 
 
 def _is_depthwise(c: int, o: int, groups: int) -> bool:

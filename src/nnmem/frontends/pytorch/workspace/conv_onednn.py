@@ -57,7 +57,9 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Te
     takes its place.
     """
     n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, out)
-    small_ic = groups == 1 and c < b and k > 1  # a 1x1 kernel (jit_1x1) reads a padded blocked source
+    # a 1x1 kernel (jit_1x1) reads a padded blocked source; a strided 3-D one runs the direct kernel (no
+    # "reduce to unit stride" in 3-D), whose first convolution reads ncdhw
+    small_ic = groups == 1 and c < b and (k > 1 or len(stride) == 3 and max(stride) > 1)
     b = _block(c, o, groups, b)
     src = 0 if small_ic else n * round_up(c, b) * s_in * e
     wei = _conv_weight_blocked(c, o, k, groups, e, b, small_ic)
@@ -79,22 +81,6 @@ def _rtus_space(c: int, k: int, stride: tuple[int, ...], groups: int, e: int, b:
     if k != 1 or groups != 1 or len(stride) != 2 or max(stride) != 2:
         return 0
     return torch.get_num_threads() * -(-c // b) * s_out * b * e + 128
-
-
-def conv_transpose_forward(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, b: int) -> int:
-    """Scratch of ``mkldnn_convolution_transpose`` on a float32 nchw input (aten/src/ATen/native/mkldnn/Conv.cpp,
-    ideep ``deconvolution_forward``; layouts ``aBcd16b`` / ``BAcd16b16a`` in ``ONEDNN_VERBOSE``).
-
-    The source and the weights reordered with channels padded to the block, a blocked destination, a buffer
-    of the destination's size (+128 B) that ideep holds across the primitive, then ``mkldnn_to_dense``
-    copies the destination out: ``[buf, src, wei, dst, -wei, -src, -buf, out, -dst]``.
-    """
-    n, c, o, s_in, s_out, k, e = _conv_dims(x, weight.transpose(0, 1), out)
-    src = n * round_up(c, b) * s_in * e
-    wei = round_up(o, b) * round_up(c, b) * k * e
-    dst = n * round_up(o, b) * s_out * e
-    dense = nbytes(out)
-    return alloc_peak([dst + 128, src, wei, dst, -wei, -src, -dst - 128, dense, -dst]) - dense
 
 
 def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_defined: bool,

@@ -16,6 +16,12 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, dtype_name, round_up
+from nnmem.frontends.pytorch.workspace.conv_3d import (
+    ncdhw_3d_why,
+    ndhwc_note,
+    onednn_3d_backward,
+    onednn_3d_forward,
+)
 from nnmem.frontends.pytorch.workspace.conv_bf16 import (
     bf16_1x1_modelled,
     bf16_backward_modelled,
@@ -24,6 +30,8 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx import forward_scratch as amx_forward_scratch
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
+from nnmem.frontends.pytorch.workspace.conv_gemm import dw_forward_refuses, gemm_sized
+from nnmem.frontends.pytorch.workspace.conv_transpose import transpose_note
 from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_ISA, MODELLED_THREADS
 
 
@@ -69,10 +77,14 @@ class ConvCall:
         return ext_kh, ext_kw, (oh - 1) * sh + ext_kh - (ih + t_pad), (ow - 1) * sw + ext_kw - (iw + l_pad)
 
     def kernel_outside(self) -> bool:
-        """``kernel_outside_src`` of the forward kernels' ``init_conf``: a padding as wide as the dilated kernel."""
-        ext_kh, ext_kw, b_pad, r_pad = self.extents
-        t_pad, l_pad = self.padding
-        return ext_kw <= l_pad or ext_kw <= r_pad or ext_kh <= t_pad or ext_kh <= b_pad
+        """``kernel_outside_src`` of oneDNN's jit convolutions' ``init_conf`` (any rank): a start or end padding
+        (``calculate_end_padding``) as wide as the dilated kernel (``calculate_extended_filter_size``)."""
+        for i, k, o, s, pad, dil in zip(self.x_shape[2:], self.w_shape[2:], self.out_sizes, self.stride,
+                                        self.padding, self.dilation):
+            ext = (k - 1) * dil + 1
+            if ext <= pad or ext <= (o - 1) * s + ext - (i + pad):
+                return True
+        return False
 
     def r_pad_no_tail(self, ur_w: int) -> int:
         """The right padding of the columns before the width unroll's tail (forward kernels' ``init_conf``)."""
@@ -89,12 +101,29 @@ class ConvCall:
 
 
 def tensor_layout(t: torch.Tensor) -> str:
-    """A tensor's layout: "contiguous", "channels_last" (4-D only) or "strided"."""
+    """A tensor's layout: "contiguous", "channels_last" (4-D ``channels_last`` or 5-D ``channels_last_3d``) or
+    "strided"."""
     if t.is_contiguous():
         return "contiguous"
     if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
         return "channels_last"
+    if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
+        return "channels_last"
     return "strided"
+
+
+def _strides_like(sizes: tuple[int, ...], strides: tuple[int, ...], order: tuple[int, ...]) -> bool:
+    """c10's ``is_channels_last_strides_*`` (c10/core/MemoryFormat.h) over the dimensions in ``order``."""
+    if strides[1] == 0:
+        return False
+    low = 0
+    for d in order:
+        if sizes[d] == 0 or strides[d] < low:
+            return False
+        if d == 0 and low == strides[1]:
+            return False
+        low = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True
 
 
 def strides_like_channels_last(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -140,6 +169,12 @@ def conv_call(x: torch.Tensor, weight: torch.Tensor, stride: Any = 1, padding: A
         # contiguous and channels-last at once (one channel: a transposed (N, L, 1) or (N, H, W, 1)): ATen's
         # suggest_memory_format of the 4-D view says channels-last, and oneDNN runs it nhwc (ONEDNN_VERBOSE)
         x_layout = "channels_last"
+    if dims == 3:  # the same for 3-D, input or weight (c10's is_channels_last_strides_3d_s5): ndhwc kernels run
+        w_strides, order = tuple(int(v) for v in weight.stride()), (1, 4, 3, 2, 0)
+        x_layout = "channels_last" if x_layout == "contiguous" and _strides_like(x_shape, strides, order) \
+            else x_layout
+        w_layout = "channels_last" if w_layout == "contiguous" and _strides_like(w_shape, w_strides, order) \
+            else w_layout
     return ConvCall(x_shape, w_shape, x.dtype, x.element_size(), x_layout, w_layout, stride, padding, dilation,
                     bool(transposed), output_padding, int(groups), dims == 1)
 
@@ -161,18 +196,33 @@ def bf16_forward_modelled(call: ConvCall, info: CpuInfo) -> bool:
 
 
 def bf16_amx_forward(call: ConvCall, info: CpuInfo) -> int | None:
-    """Scratch bytes of a bfloat16 forward on oneDNN's ``brg_conv_fwd:avx512_core_amx``
-    (:func:`.conv_bf16_amx.forward_scratch`), or None where no rule sizes it: dense, NCHW, 2-D, undilated, on
-    ``avx512_core_amx`` at 1-4 threads, a shape the port follows (``exec_trans`` with output-space blocking)."""
-    if call.dtype != torch.bfloat16 or call.backward or call.transposed or call.groups != 1 or call.one_d:
+    """Scratch bytes of a bfloat16 forward on oneDNN's ``brg_conv_fwd`` / ``brgconv_1x1:avx512_core_amx``
+    (:func:`.conv_bf16_amx.forward_scratch`), or None where no rule sizes it: dense or grouped (not depthwise),
+    1-D, 2-D (NCHW or channels-last) or 3-D (NCDHW), on ``avx512_core_amx`` at 1-4 threads, a shape the port
+    follows (``exec_trans`` with output-space blocking, or an unpadded 1x1)."""
+    if call.dtype != torch.bfloat16 or call.backward or call.transposed:
         return None
-    if len(call.x_shape) != 4 or call.x_layout != "contiguous" or call.w_layout == "channels_last":
+    if len(call.x_shape) not in (4, 5) or "strided" in (call.x_layout, call.w_layout):
         return None
     if info.isa != AMX_ISA or torch.get_num_threads() not in MODELLED_THREADS:
         return None
-    if any(d != 1 for d in call.dilation) or math.prod(call.x_shape[2:]) == 1:  # one position: nchw is nhwc
+    if math.prod(call.x_shape[2:]) == 1:  # one position: nchw is nhwc
         return None
-    return amx_forward_scratch(call.x_shape, call.w_shape, call.stride, call.padding, torch.get_num_threads())
+    if call.one_d and onednn_nhwc(call):
+        return None
+    if not call.one_d and call.x_shape[1] == 1 and not onednn_nhwc(call):
+        return None  # one channel in: input and weight read as contiguous either way; ATen goes nhwc on strides
+    copies = _amx_nhwc_copies(call) if onednn_nhwc(call) else None
+    return amx_forward_scratch(call.x_shape, call.w_shape, call.stride, call.padding, torch.get_num_threads(),
+                               call.dilation, copies, call.groups)
+
+
+def _amx_nhwc_copies(call: ConvCall) -> int:
+    """Bytes of ATen's ``contiguous(channels_last)`` copies before a channels-last oneDNN convolution: the input
+    and the weight unless already laid out so (one channel, or a 1x1 weight, reads the same either way)."""
+    x_copy = call.x_layout == "contiguous" and call.x_shape[1] > 1
+    w_copy = call.w_layout == "contiguous" and call.w_shape[1] > 1 and math.prod(call.w_shape[2:]) > 1
+    return (call.x_bytes if x_copy else 0) + (call.w_bytes if w_copy else 0)
 
 
 def _jit_bf16_forward_pads(call: ConvCall) -> bool:
@@ -277,20 +327,44 @@ def _nhwc_gemm_bwd_weights(call: ConvCall, info: CpuInfo) -> bool:
 
 
 def onednn_gemm(call: ConvCall, info: CpuInfo) -> tuple[bool, bool]:
-    """``(forward and backward data, backward weights)``: whether oneDNN runs this float32 convolution on its
-    ``gemm`` kernel (per-thread im2col buffers, not modelled). On nchw, a grouped one without a channel
-    block does throughout; one with a block of 4 and a depthwise one outside the depthwise kernel do for
-    the weights' gradient (the ``jit`` backward-weights kernels take blocks of 8 and 16). On nhwc, see
-    :func:`_nhwc_gemm_bwd_weights`."""
+    """``(forward or backward data, backward weights)``: whether oneDNN runs this float32 convolution on its
+    ``gemm`` kernel (per-thread im2col buffers, :mod:`.conv_gemm`). On nchw, a grouped one without a channel
+    block (below AVX-512, without a block of 8), or with a kernel outside the source (``kernel_outside_src``,
+    every jit kernel refuses it), does throughout; one with a block of 4 and a depthwise one outside the
+    depthwise kernel do for the weights' gradient (the ``jit`` backward-weights kernels take blocks of 8 and
+    16); a 2-D depthwise one does for a forward ``jit_uni_dw`` refuses and for a dilated input gradient. On
+    nhwc, a grouped backward with a kernel outside the source (measured), else :func:`_nhwc_gemm_bwd_weights`."""
     c, o, g = call.x_shape[1], call.w_shape[0], call.groups
     if onednn_nhwc(call):
-        return False, _nhwc_gemm_bwd_weights(call, info)
+        if g > 1 and call.backward and call.kernel_outside():  # measured: both passes on gemm (nhwc: not sized)
+            return True, True
+        one_by_one = math.prod(call.w_shape[2:]) == 1 and not any(call.padding)  # jit_1x1 (dilation moot)
+        return False, not one_by_one and _nhwc_gemm_bwd_weights(call, info)
     if g == 1:
         return False, False
     if g == c == o:
-        return False, not dw_jit_bwd_weights(call.x_shape, call.w_shape, call.stride, call.padding, call.dilation)
+        weights = not dw_jit_bwd_weights(call.x_shape, call.w_shape, call.stride, call.padding, call.dilation)
+        if len(call.x_shape) != 4:
+            return False, weights
+        if call.backward:  # jit_uni_dw's backward data takes no dilation
+            return any(d != 1 for d in call.dilation), weights
+        return dw_forward_refuses(call, 6 if info.onednn_block == 16 else 4), weights
+    if call.kernel_outside():
+        return True, True
     block = grouped_block(c // g, o // g, info.onednn_block)
-    return block is None, block is None or block == 4
+    data = block is None or block == 4 and info.onednn_block < 16  # jit_avx2 takes blocks of 8 only
+    return data, block is None or block == 4
+
+
+def _avx2_flat(call: ConvCall) -> bool:
+    """Whether a grouped nchw forward without a channel block may run on ``jit:avx2`` with a flat source instead
+    of gemm (``jit_avx2_conv_fwd_kernel_f32::init_conf``: output channels a group a multiple of 8, a kernel
+    inside the source; measured for 1-3 input channels a group on AVX2 and AVX-512, 4-7 ran gemm). Not sized:
+    the width checks that send some of these to gemm are not followed."""
+    c, o, g = call.x_shape[1], call.w_shape[0], call.groups
+    if call.backward or onednn_nhwc(call) or g == 1 or g == c == o or (o // g) % 8 or call.kernel_outside():
+        return False
+    return c // g <= 3
 
 
 def io_block(channels: int, b: int) -> int:
@@ -303,50 +377,11 @@ def io_block(channels: int, b: int) -> int:
     return min((32, 24), key=lambda blk: round_up(channels, blk))
 
 
-def onednn_3d_forward(call: ConvCall, backend: str) -> bool:
-    """Whether a 3-D convolution is one whose oneDNN forward the nchw rules size (nCdhw16c reorders as in
-    2-D): float32, contiguous, neither transposed nor depthwise; its backward is not modelled."""
-    return (backend == "mkldnn" and len(call.x_shape) == 5 and not call.backward and not call.transposed
-            and call.x_layout == "contiguous" and not call.groups == call.x_shape[1] == call.w_shape[0])
-
-
-def onednn_transpose_forward(call: ConvCall, info: CpuInfo) -> bool:
-    """Whether a transposed convolution's forward through oneDNN is one the nchw rule sizes: ungrouped,
-    contiguous, and stride 1 or channel counts multiples of the block (strided unaligned ones measured
-    otherwise)."""
-    b = info.onednn_block
-    aligned = call.x_shape[1] % b == 0 and call.w_shape[1] % b == 0
-    return call.groups == 1 and call.x_layout == "contiguous" and (aligned or all(s == 1 for s in call.stride))
-
-
-def onednn_transpose_backward(call: ConvCall, info: CpuInfo) -> bool:
-    """Whether a transposed convolution's backward through oneDNN is one the nchw rules size: float32, 2-D,
-    ungrouped, contiguous, both channel counts multiples of the block (unaligned ones take other kernels)."""
-    b = info.onednn_block
-    return (call.dtype == torch.float32 and call.groups == 1 and not call.one_d and len(call.x_shape) == 4
-            and call.x_layout == "contiguous" and call.x_shape[1] % b == 0 and call.w_shape[1] % b == 0)
-
-
-def _transpose_measured(call: ConvCall, info: CpuInfo) -> bool:
-    """Where seeded draws found the transposed rules exact: both channel counts multiples of the block, no
-    padding, dilation or output padding, and a forward at stride 1 or a backward with a kernel above 1x1 whose
-    windows do not overlap (stride 1, or the kernel no wider than the stride). Strided
-    forwards measured up to 43 % above the rule (at 3-4 threads; the zoo's U-Net at 2 threads is exact), stride-1
-    unaligned ones up to 94 % below it: their figures stay (the rule's), with this note."""
-    b = info.onednn_block
-    plain = not any(call.padding) and all(d == 1 for d in call.dilation) and not any(call.output_padding)
-    if not (plain and call.x_shape[1] % b == 0 and call.w_shape[1] % b == 0):
-        return False
-    if call.backward:  # overlapping strided windows (kernel wider than the stride) measured 9 % above the rule
-        return math.prod(call.w_shape[2:]) > 1 and all(k <= s or s == 1 for k, s in
-                                                        zip(call.w_shape[2:], call.stride))
-    return all(s == 1 for s in call.stride)
-
-
 def onednn_nhwc(call: ConvCall) -> bool:
     """``mkldnn_conv_use_channels_last`` (mkldnn/Utils.h): a 2-D convolution (a 1-D one viewed as 2-D) whose
-    input or weight suggests channels-last runs on nhwc activations."""
-    return len(call.x_shape) == 4 and "channels_last" in (call.x_layout, call.w_layout)
+    input or weight suggests ``ChannelsLast``, or a 3-D one whose input or weight suggests ``ChannelsLast3d``, runs
+    on nhwc (ndhwc) activations."""
+    return len(call.x_shape) in (4, 5) and "channels_last" in (call.x_layout, call.w_layout)
 
 
 def _brgemm_relo(call: ConvCall, info: CpuInfo) -> bool:
@@ -383,18 +418,22 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
                f"(exec_trans, ISA {info.isa}): {NOT_MODELLED}"
     if backend == "mkldnn" and onednn_nhwc(call) and call.groups > 1 and not depthwise and info.onednn_block < 16:
         return f"grouped channels-last convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
-    if backend == "mkldnn" and call.dtype == torch.float32 and any(onednn_gemm(call, info)):
+    gemm = onednn_gemm(call, info) if backend == "mkldnn" and call.dtype == torch.float32 else (False, False)
+    if any(gemm) and _avx2_flat(call):
+        return f"grouped convolution with few input channels a group on oneDNN's jit:avx2 kernel (flat source, " \
+               f"ISA {info.isa}): {NOT_MODELLED}"
+    if any(gemm) and not gemm_sized(call, gemm, torch.get_num_threads(), info.onednn_block):
         what = "depthwise" if depthwise else "grouped" if call.groups > 1 else "dense"
-        return f"{what} convolution on oneDNN's gemm kernel (ISA {info.isa}): {NOT_MODELLED}"
-    if backend == "mkldnn_transpose" and (call.groups > 1 or call.x_layout != "contiguous"
-                                          or call.backward and not onednn_transpose_backward(call, info)
-                                          or not call.backward and not onednn_transpose_forward(call, info)
-                                          or not _transpose_measured(call, info)):
-        what = ("backward" if call.backward else "grouped" if call.groups > 1 else
-                call.x_layout.replace("_", "-") if call.x_layout != "contiguous" else "this shape")
-        return f"transposed convolution ({what}) through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
+        return f"{what} convolution on oneDNN's gemm kernel (ISA {info.isa}, this shape): {NOT_MODELLED}"
+    if gemm[0] and len(call.x_shape) == 4:  # the whole op on gemm, sized by conv_gemm: no jit kernel's note
+        return None
+    if backend in ("mkldnn_transpose", "slow_transpose2d"):  # conv_transpose's rules and note
+        note = transpose_note(call, info, backend)
+        if note is not None or backend == "slow_transpose2d":
+            return note
     if (backend == "mkldnn" and not call.backward and call.groups == 1 and math.prod(call.w_shape[2:]) == 1
-            and (max(call.stride) > 2 or len(call.x_shape) == 5 and max(call.stride) > 1)):
+            and len(call.x_shape) == 4 and max(call.stride) > 2  # 3-D: the direct kernels, sized (no rtus)
+            and bf16_amx_forward(call, info) is None):  # brgconv_1x1 on AMX: conv_bf16_amx_1x1
         return f"strided 1x1 convolution (stride {max(call.stride)}) through oneDNN: {NOT_MODELLED}"
     if (backend == "mkldnn" and call.backward and call.groups == 1 and not any(call.padding)
             and call.w_shape[2:] == call.x_shape[2:]):
@@ -422,8 +461,17 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         # and reduce through a scratchpad (balance() in jit_avx512_common_conv_kernel.cpp), not sized here
         return (f"grouped convolution backward through oneDNN on {torch.get_num_threads()} threads "
                 f"(ISA {info.isa}): {NOT_MODELLED}")
-    if backend.startswith("mkldnn") and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend):
-        return f"3-D convolution through oneDNN: {NOT_MODELLED}"
+    if backend == "mkldnn" and len(call.x_shape) == 5 and onednn_nhwc(call) and (note := ndhwc_note(call, info)):
+        return note
+    if backend.endswith("3d") and any(layout == "channels_last" and (shape[1] == 1 or math.prod(shape[2:]) == 1)
+                                      for layout, shape in ((call.x_layout, call.x_shape),
+                                                            (call.w_layout, call.w_shape))):
+        # contiguous and channels-last-3d at once: ATen's native 3-D kernels' contiguous() copies nothing, the
+        # rules (which read the layout as oneDNN does) count a copy
+        return f"one-channel channels-last-3d operand on ATen's {backend} kernel: {NOT_MODELLED}"
+    if (backend.startswith("mkldnn") and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend)
+            and not onednn_3d_backward(call, info, backend) and not onednn_nhwc(call)):
+        return f"3-D convolution through oneDNN ({ncdhw_3d_why(call, info)}, ISA {info.isa}): {NOT_MODELLED}"
     if backend not in ("mkldnn", "mkldnn_transpose", "slow2d", "slow_dilated2d", "slow_dilated3d", "slow3d"):
         return f"{kind} convolution on ATen's {backend} kernel (oneDNN ISA {info.isa}): {NOT_MODELLED}"
     return None
