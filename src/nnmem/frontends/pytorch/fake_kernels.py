@@ -6,6 +6,9 @@ availability (transformers ``integrations/moe.py`` ``_can_use_grouped_mm``), so 
 real and fails under fake tensors. The output rule follows ATen ``create_grouped_gemm_output_tensor``
 (aten/src/ATen/native/GroupedMMUtils.h): the last dimension's stride padded to 16 bytes.
 
+The reflection and replication padding ops keep a channels-last input's layout on the CPU where their meta
+kernels return contiguous outputs (:func:`_in_input_format`).
+
 The packing ops of ``torch.nn.utils.rnn`` (aten/src/ATen/native/PackedSequence.cpp) read their lengths or
 batch sizes, a CPU int64 tensor, through a data pointer. ``VALUE_ARGS`` names that argument: the dispatch mode
 passes its real value, and the kernels below size the fake outputs from it and return ``batch_sizes`` and
@@ -46,6 +49,34 @@ def _grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | N
     padded = -(-size[-1] // align) * align
     stride = [size[1] * padded, padded, 1] if len(size) == 3 else [padded, 1]
     return torch.empty_strided(size, stride, dtype=dtype, device=mat_a.device)
+
+
+def _in_input_format(op: Any, index: int) -> Callable[..., Any]:
+    """A fake kernel for a padding op whose CPU kernel makes its output in the memory format its input suggests
+    (aten/src/ATen/native/ReflectionPad.cpp, ReplicationPadding.cpp: ``input.suggest_memory_format()``; the
+    backward's grad_input follows ``self``) where the meta kernel returns a contiguous one: a channels-last (3-D)
+    input keeps its layout, and the convolution after it runs on oneDNN's nhwc kernels, not on nchw reorders.
+    ``index``: the argument whose format the output takes. None (the meta kernel) for any other input."""
+    def kernel(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+        ref = args[index]
+        if not isinstance(ref, torch.Tensor) or ref.is_contiguous() or ref.dim() not in (4, 5):
+            return None
+        fmt = torch.channels_last if ref.dim() == 4 else torch.channels_last_3d
+        if not ref.is_contiguous(memory_format=fmt):
+            return None
+        out = op(*args, **kwargs)  # the meta kernel: checks and sizes
+        return torch.empty(out.shape, dtype=out.dtype, device=out.device, memory_format=fmt)
+    return kernel
+
+
+def _pad(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """``aten.pad`` as it reaches the modes whole under inference mode: its reflection and replication modes run
+    the padding kernels above (:func:`_in_input_format`); constant and circular padding keep the meta kernel's
+    layout, as the CPU's does."""
+    mode = args[2] if len(args) > 2 else kwargs.get("mode", "constant")
+    if mode not in ("reflect", "replicate"):
+        return None
+    return _in_input_format(torch.ops.aten.pad.default, 0)(*args, **kwargs)
 
 
 def _values(t: torch.Tensor) -> list[int]:
@@ -141,6 +172,11 @@ FAKE_KERNELS: dict[Any, Callable[..., Any]] = {
     torch.ops.aten._pack_padded_sequence.default: _pack_padded_sequence,
     torch.ops.aten._pack_padded_sequence_backward.default: _pack_padded_sequence_backward,
     torch.ops.aten._pad_packed_sequence.default: _pad_packed_sequence,
+    torch.ops.aten.pad.default: _pad,
+    **{op: _in_input_format(op, index) for op, index in (
+        (torch.ops.aten.reflection_pad3d.default, 0), (torch.ops.aten.replication_pad3d.default, 0),
+        (torch.ops.aten.reflection_pad2d_backward.default, 1), (torch.ops.aten.replication_pad2d_backward.default, 1),
+        (torch.ops.aten.reflection_pad3d_backward.default, 1), (torch.ops.aten.replication_pad3d_backward.default, 1))},
 }
 # op overload → position of the CPU int64 argument the kernel reads, which the mode gives its real value.
 VALUE_ARGS: dict[Any, int] = {
