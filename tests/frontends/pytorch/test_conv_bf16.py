@@ -14,15 +14,16 @@ from torch import nn
 
 import nnmem
 from nnmem import cpu
-from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
+from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_ISA, MODELLED_THREADS
 
 HOST = cpu.describe()
 BF16 = torch.bfloat16
 
 
-def _require_modelled_cpu() -> None:
-    if not torch.backends.mkldnn.is_available() or HOST.isa != MODELLED_ISA:
-        pytest.skip(f"bfloat16 convolutions are modelled on ISA {MODELLED_ISA}; this CPU runs oneDNN at {HOST.isa}")
+def _require_modelled_cpu(isas: tuple[str, ...] = (MODELLED_ISA,)) -> None:
+    if not torch.backends.mkldnn.is_available() or HOST.isa not in isas:
+        pytest.skip(f"these bfloat16 convolutions are modelled on ISA {' and '.join(isas)}; this CPU runs oneDNN at "
+                    f"{HOST.isa}")
 
 
 def _conv(rng: random.Random) -> tuple[nn.Module, torch.Tensor, bool]:
@@ -147,8 +148,9 @@ def _depthwise(rng: random.Random) -> tuple[nn.Module, torch.Tensor]:
 
 def test_bf16_depthwise_convolution_scratch_matches_measurement(torch_threads: Callable[[int], None]) -> None:
     """Every seeded depthwise forward and backward the rules claim (``jit_dw``: the float32 bias, the weights'
-    float32 partial sums per batch thread) equals the allocator's peak inside the op minus its outputs."""
-    _require_modelled_cpu()
+    float32 partial sums per batch thread) equals the allocator's peak inside the op minus its outputs. AMX CPUs
+    run the same ``jit_dw:avx512_core_bf16`` kernels."""
+    _require_modelled_cpu((MODELLED_ISA, AMX_ISA))
     claimed, mismatches = _seeded_mismatches(_depthwise, 2, "aten.convolution", torch_threads)
     assert not mismatches, "\n".join(mismatches)
     assert claimed >= 35

@@ -21,7 +21,7 @@ from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import round_up
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import OneByOne
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _barriers, _book, _div_up, dw_jit_bwd_weights
-from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
+from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_ISA, MODELLED_THREADS
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
     from nnmem.frontends.pytorch.workspace.conv_select import ConvCall
@@ -178,7 +178,7 @@ def bf16_depthwise_modelled(call: ConvCall, info: CpuInfo) -> bool:
         return False
     if len(call.x_shape) != 4 or call.x_layout != "contiguous" or call.w_layout == "channels_last":
         return False
-    if info.isa != MODELLED_ISA or torch.get_num_threads() not in MODELLED_THREADS:
+    if info.isa not in (MODELLED_ISA, AMX_ISA) or torch.get_num_threads() not in MODELLED_THREADS:
         return False
     if call.backward:  # a strided one's input gradient runs on brgconv_strided (grouped), not sized here
         return not (call.grad_input and any(st != 1 for st in call.stride)) and dw_jit_bwd_weights(
