@@ -58,15 +58,18 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: torch.Te
     """
     n, c, o, s_in, s_out, k, e = _conv_dims(x, weight, out)
     # a 1x1 kernel (jit_1x1) reads a padded blocked source; a strided 3-D one runs the direct kernel (no
-    # "reduce to unit stride" in 3-D), whose first convolution reads ncdhw
-    small_ic = groups == 1 and c < b and (k > 1 or len(stride) == 3 and max(stride) > 1)
+    # "reduce to unit stride" in 3-D), whose first convolution reads ncdhw, and so does a strided 2-D one whose
+    # output does not tile the input (rtus refuses it: measured, and no rtus buffer)
+    dims = x.dim() - 2  # a 1-D call's stride comes as the 2-D view's (1, s)
+    ragged = k == 1 and any(int(i) != int(t) * st for i, t, st in zip(x.shape[2:], out.shape[2:], stride[-dims:]))
+    small_ic = groups == 1 and c < b and (k > 1 or len(stride) == 3 and max(stride) > 1 or ragged)
     b = _block(c, o, groups, b)
     src = 0 if small_ic else n * round_up(c, b) * s_in * e
     wei = _conv_weight_blocked(c, o, k, groups, e, b, small_ic)
     bia = round_up(o, b) * e + 128 if bias is not None and o % b else 0
     dst = n * round_up(o, b) * s_out * e
     dense = nbytes(out)
-    pad = _rtus_space(c, k, stride, groups, e, b, s_out)
+    pad = 0 if ragged else _rtus_space(c, k, stride, groups, e, b, s_out)
     if scratchpad is not None:
         bia, pad = scratchpad, 0
     return alloc_peak([bia, src, wei, dst, pad, -pad, -wei, -src, -bia, dense, -dst]) - dense

@@ -28,6 +28,7 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
     bf16_depthwise_modelled,
 )
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx import forward_scratch as amx_forward_scratch
+from nnmem.frontends.pytorch.workspace.conv_bf16_amx_bwd import amx_backward_claims
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_gemm import dw_forward_refuses, gemm_sized
@@ -404,7 +405,8 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         return note
     if backend.startswith("mkldnn") and call.dtype != torch.float32 and not bf16_forward_modelled(call, info) \
             and not bf16_backward_modelled(call, info) and not bf16_1x1_modelled(call, info) \
-            and not bf16_depthwise_modelled(call, info) and bf16_amx_forward(call, info) is None:
+            and not bf16_depthwise_modelled(call, info) and bf16_amx_forward(call, info) is None \
+            and not amx_backward_claims(call, info):
         return f"{kind} convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     # A channels-last input is modelled (the Keras-torch zoo's NHWC convolutions measure exact); other strides
     # are not.
@@ -433,6 +435,7 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
             return note
     if (backend == "mkldnn" and not call.backward and call.groups == 1 and math.prod(call.w_shape[2:]) == 1
             and len(call.x_shape) == 4 and max(call.stride) > 2  # 3-D: the direct kernels, sized (no rtus)
+            and all(i == o * s for i, o, s in zip(call.x_shape[2:], call.out_sizes, call.stride))  # else direct
             and bf16_amx_forward(call, info) is None):  # brgconv_1x1 on AMX: conv_bf16_amx_1x1
         return f"strided 1x1 convolution (stride {max(call.stride)}) through oneDNN: {NOT_MODELLED}"
     if (backend == "mkldnn" and call.backward and call.groups == 1 and not any(call.padding)
