@@ -28,7 +28,6 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
     bf16_depthwise_modelled,
 )
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx import forward_scratch as amx_forward_scratch
-from nnmem.frontends.pytorch.workspace.conv_bf16_amx_bwd import amx_backward_claims
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_gemm import dw_forward_refuses, gemm_sized
@@ -405,8 +404,7 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         return note
     if backend.startswith("mkldnn") and call.dtype != torch.float32 and not bf16_forward_modelled(call, info) \
             and not bf16_backward_modelled(call, info) and not bf16_1x1_modelled(call, info) \
-            and not bf16_depthwise_modelled(call, info) and bf16_amx_forward(call, info) is None \
-            and not amx_backward_claims(call, info):
+            and not bf16_depthwise_modelled(call, info) and bf16_amx_forward(call, info) is None:
         return f"{kind} convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     # A channels-last input is modelled (the Keras-torch zoo's NHWC convolutions measure exact); other strides
     # are not.
