@@ -27,6 +27,7 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
 )
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import bwd_weights as bf16_1x1_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import fwd_or_bwd_data as bf16_1x1_fwd_or_bwd_data
+from nnmem.frontends.pytorch.workspace.conv_bf16_amx_bwd import amx_backward_claims, amx_backward_scratch
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_gemm import gemm_backward, gemm_forward, gemm_nhwc_backward
@@ -206,6 +207,9 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         return transpose_backward(call, grad_out, mask, out, info) or 0
     if backend == "slow_transpose2d":
         return slow_transpose_backward(call, grad_out, mask, out) or 0
+    if backend == "mkldnn" and amx_backward_claims(call, info):  # brg_conv_bwd / brgconv_bwd_w on AMX
+        contiguous = 0 if grad_out.is_contiguous() else nbytes(grad_out)
+        return amx_backward_scratch(call, mask, contiguous, fresh)
     if backend == "mkldnn" and bf16_1x1_modelled(call, info):
         problem, nthreads = one_by_one(call, bool(mask[2])), torch.get_num_threads()
         data = bf16_1x1_fwd_or_bwd_data(problem, nthreads, True) if mask[0] else 0

@@ -28,6 +28,7 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
     bf16_depthwise_modelled,
 )
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx import forward_scratch as amx_forward_scratch
+from nnmem.frontends.pytorch.workspace.conv_bf16_amx_bwd import amx_backward_claims
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_gemm import dw_forward_refuses, gemm_sized
@@ -129,16 +130,7 @@ def _strides_like(sizes: tuple[int, ...], strides: tuple[int, ...], order: tuple
 def strides_like_channels_last(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """c10's ``is_channels_last_strides_2d_s4`` (c10/core/MemoryFormat.h), behind ``suggest_memory_format``:
     whether 4-D strides read as channels-last (ambiguous N111-like strides fall back to contiguous)."""
-    if strides[1] == 0:
-        return False
-    low = 0
-    for d in (1, 3, 2, 0):
-        if sizes[d] == 0 or strides[d] < low:
-            return False
-        if d == 0 and low == strides[1]:
-            return False
-        low = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
-    return True
+    return _strides_like(sizes, strides, (1, 3, 2, 0))
 
 
 def _expand(value: Any, dims: int, default: int) -> tuple[int, ...]:
@@ -404,7 +396,8 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         return note
     if backend.startswith("mkldnn") and call.dtype != torch.float32 and not bf16_forward_modelled(call, info) \
             and not bf16_backward_modelled(call, info) and not bf16_1x1_modelled(call, info) \
-            and not bf16_depthwise_modelled(call, info) and bf16_amx_forward(call, info) is None:
+            and not bf16_depthwise_modelled(call, info) and bf16_amx_forward(call, info) is None \
+            and not amx_backward_claims(call, info):
         return f"{kind} convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     # A channels-last input is modelled (the Keras-torch zoo's NHWC convolutions measure exact); other strides
     # are not.
