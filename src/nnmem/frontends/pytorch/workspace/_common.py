@@ -37,3 +37,16 @@ def nbytes(t: torch.Tensor) -> int:
 def dtype_name(dtype: torch.dtype) -> str:
     """"float16" for ``torch.float16``."""
     return str(dtype).replace("torch.", "")
+
+
+BOOK_ALIGN, PAGE = 128, 4096  # oneDNN memory_tracking's default alignment; a 4 KiB page (PAGE_4K)
+
+
+def book(size: int, align: int = BOOK_ALIGN) -> int:
+    """Bytes one oneDNN ``registry_t::book`` adds: the size and its alignment (at least 128 B; nothing for size 0)."""
+    return size + max(align, BOOK_ALIGN) if size else 0
+
+
+def barriers(count: int) -> int:
+    """``book<simple_barrier::ctx_t>(key, count)``: page-aligned, page-sized contexts."""
+    return book(count * PAGE, PAGE)

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from nnmem.cpu import CpuInfo
-from nnmem.frontends.pytorch.workspace._common import round_up
+from nnmem.frontends.pytorch.workspace._common import barriers, book, round_up
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import OneByOne
-from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _barriers, _book, _div_up, dw_jit_bwd_weights
+from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _div_up, dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_ISA, MODELLED_THREADS
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
@@ -119,15 +119,15 @@ def bf16_bwd_weights_scratch(call: ConvCall, with_bias: bool, nthreads: int) -> 
                                          (ih, tr_iw, oh, tr_ow, kh, kw, sh, sw))
     nthr = nthr_mb * nthr_oc * nthr_ic
     tr_src = (nthr_mb * nb_ic * tr_iw * ic_block * ih if transpose_src else 0) + tr_pad  # + guard elements
-    total = _book(tr_src * _BF16)
+    total = book(tr_src * _BF16)
     if nthr_oc > 1:
-        total += _barriers(nthr // nthr_oc)
-    total += _book(nthr_mb * nb_oc * tr_ow * _BLOCK * oh * _BF16)
+        total += barriers(nthr // nthr_oc)
+    total += book(nthr_mb * nb_oc * tr_ow * _BLOCK * oh * _BF16)
     if nthr_ic > 1:
-        total += _barriers(nthr // nthr_ic)
+        total += barriers(nthr // nthr_ic)
     # bfloat16 weights (and bias): every batch thread's partial sums in float32, the reduction's barrier
     reduction = nb_oc * _BLOCK * nb_ic * ic_block * kh * kw * nthr_mb + (nb_oc * _BLOCK * nthr_mb if with_bias else 0)
-    return total + _book(reduction * _F32) + _barriers(1)
+    return total + book(reduction * _F32) + barriers(1)
 
 
 def bf16_backward_modelled(call: ConvCall, info: CpuInfo) -> bool:
@@ -198,7 +198,7 @@ def _dw_forward_takes(call: ConvCall) -> bool:
 
 def bf16_depthwise_bias(call: ConvCall, with_bias: bool) -> int:
     """The forward's scratchpad: a bfloat16 bias converted to float32 (``key_conv_bias_bf16_convert_wsp``)."""
-    return _book(round_up(call.x_shape[1], _BLOCK) * _F32) if with_bias else 0
+    return book(round_up(call.x_shape[1], _BLOCK) * _F32) if with_bias else 0
 
 
 def bf16_depthwise_bwd_weights(call: ConvCall, with_bias: bool, nthreads: int) -> int:
@@ -209,7 +209,7 @@ def bf16_depthwise_bwd_weights(call: ConvCall, with_bias: bool, nthreads: int) -
     nthr_g = min(groups // _BLOCK, nthreads)
     nthr_mb = min(max(1, nthreads // nthr_g), call.x_shape[0])
     taps = math.prod(call.w_shape[2:])
-    total = _book(groups * taps * nthr_mb * _F32)
+    total = book(groups * taps * nthr_mb * _F32)
     if with_bias:
-        total += (_book(groups * (nthr_mb - 1) * _F32) if nthr_mb > 1 else 0) + _book(groups * _F32)
+        total += (book(groups * (nthr_mb - 1) * _F32) if nthr_mb > 1 else 0) + book(groups * _F32)
     return total

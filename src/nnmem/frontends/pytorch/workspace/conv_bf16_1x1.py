@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nnmem.frontends.pytorch.workspace._common import round_up
-from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _barriers, _book, _div_up, best_divider
+from nnmem.frontends.pytorch.workspace._common import barriers, book, round_up
+from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _div_up, best_divider
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import as_float32 as _f32
 
 _BLOCK = 16
@@ -128,13 +128,13 @@ def fwd_or_bwd_data(c: OneByOne, nthreads: int, backward_data: bool, l2: int | N
         nthr = min(nthr, max(nb_bcast, nb_load))
     total = 0
     if not backward_data and c.with_bias and c.oc_unpadded % _BLOCK:
-        total += _book(c.oc * _BF16)
+        total += book(c.oc * _BF16)
     grp_count = _div_up(nthr, _div_up(nthr, groups))
     per_thread = round_up(_div_up(load_dim, grp_count), _BLOCK)
-    total += _book(nthr * round_up(bcast_dim, ur) * per_thread * _F32)
+    total += book(nthr * round_up(bcast_dim, ur) * per_thread * _F32)
     if c.strided:
         factor = _div_up(load_blocking, _BLOCK) if backward_data else _div_up(reduce_dim, _BLOCK)
-        total += _book(nthr * factor * os * _BLOCK * _BF16)
+        total += book(nthr * factor * os * _BLOCK * _BF16)
     return total
 
 
@@ -175,13 +175,13 @@ def bwd_weights(c: OneByOne, nthreads: int) -> int:
     nthr = nthr_mb * pick[1] * pick[2]
     load_blocking = best_divider(nb_load, 16, nb_load, False)
     bcast_blocking = best_divider(nb_bcast, 5, nb_bcast, False)
-    total = _book(c.oc * _BF16) if c.with_bias and c.oc_unpadded % _BLOCK else 0
-    total += _book((c.oc * c.ic + (c.oc if c.with_bias else 0)) * nthr_mb * _F32)
+    total = book(c.oc * _BF16) if c.with_bias and c.oc_unpadded % _BLOCK else 0
+    total += book((c.oc * c.ic + (c.oc if c.with_bias else 0)) * nthr_mb * _F32)
     if nthr_mb > 1:
-        total += _barriers(1)
+        total += barriers(1)
     if not permw:
-        total += _book(nthr * round_up(reduce_dim, 2) * _BLOCK * load_blocking * _BF16)
-        total += _book(nthr * round_up(reduce_dim, 2) * _BLOCK * bcast_blocking * _BF16)
+        total += book(nthr * round_up(reduce_dim, 2) * _BLOCK * load_blocking * _BF16)
+        total += book(nthr * round_up(reduce_dim, 2) * _BLOCK * bcast_blocking * _BF16)
     if c.strided:
-        total += _book(nthr * bcast_blocking * reduce_dim * _BLOCK * _BF16)
+        total += book(nthr * bcast_blocking * reduce_dim * _BLOCK * _BF16)
     return total

@@ -23,7 +23,7 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace import conv_bf16_amx as fwd
-from nnmem.frontends.pytorch.workspace._common import alloc_peak, div_up, round_up
+from nnmem.frontends.pytorch.workspace._common import alloc_peak, barriers, book, div_up, round_up
 from nnmem.frontends.pytorch.workspace.conv_bf16 import jit_bf16_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx_1x1 import forward_scratch_1x1
 from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_THREADS
@@ -34,20 +34,10 @@ if TYPE_CHECKING:  # conv_select imports this module for its note
 _BF16, _F32 = 2, 4
 _BLOCK = 16  # ic_block, oc_block of brgconv_bwd_w
 _TR_ROUND = 32  # init_conf_bwd_w's tr_round: a full tile row of bfloat16
-_ALIGN, _P4K = 128, 4096  # memory_tracking's default_alignment; a page
+_P4K = 4096  # a page
 _BATCH_ELEMENT = 40  # sizeof(brgemm_batch_element_t)
 _L2 = fwd._L2  # brg_blocking_t::L2 (3/4 of the per-core L2)
 f32 = np.float32
-
-
-def _book(size: int, align: int = _ALIGN) -> int:
-    """Bytes one ``registry_t::book`` adds: the size and its alignment (at least 128 B; nothing for size 0)."""
-    return size + max(align, _ALIGN) if size else 0
-
-
-def _barriers(count: int) -> int:
-    """``book<simple_barrier::ctx_t>(key, count)``: page-aligned page-sized contexts."""
-    return _book(count * _P4K, _P4K)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,20 +164,20 @@ def bwd_w_scratch(p: BwdW, nthreads: int, with_bias: bool) -> int | None:
     ih_block = min(p.ih, p.sh * fwd._inp_size(p.ih, oh_block, p.kh, p.sh))
     tr_pad = round_up(max(p.l_pad, p.r_pad + 1), _TR_ROUND)
     tr_src = nthr_mb * p.nb_ic * p.tr_iw * _BLOCK * ih_block + tr_pad
-    total = _book(tr_src * _BF16)
+    total = book(tr_src * _BF16)
     if nthr_oc_b > 1:
-        total += _barriers(nthr // nthr_oc_b)
+        total += barriers(nthr // nthr_oc_b)
     tr_dst = nthr_mb * p.nb_oc * p.tr_ow * _BLOCK * oh_block + p.tr_iw * _BLOCK
-    total += _book(tr_dst * _BF16, 64)
+    total += book(tr_dst * _BF16, 64)
     if nthr_ic_b > 1:
-        total += _barriers(nthr // nthr_ic_b)
+        total += barriers(nthr // nthr_ic_b)
     wei = p.nb_oc * _BLOCK * p.nb_ic * _BLOCK * p.kh * p.kw
     bia = p.nb_oc * _BLOCK if with_bias else 0
-    total += _book((wei + bia) * nthr_mb * _F32) + _barriers(1)
-    total += _book(64, 64)  # key_conv_amx_tilecfg
+    total += book((wei + bia) * nthr_mb * _F32) + barriers(1)
+    total += book(64, 64)  # key_conv_amx_tilecfg
     batch = div_up(round_up(p.max_batch * _BATCH_ELEMENT, _P4K), _BATCH_ELEMENT)
-    total += _book(nthr * batch * _BATCH_ELEMENT, _P4K)
-    total += _book(nthr * 2 * _P4K, _P4K)  # key_conv_amx_tile_buffer
+    total += book(nthr * batch * _BATCH_ELEMENT, _P4K)
+    total += book(nthr * 2 * _P4K, _P4K)  # key_conv_amx_tile_buffer
     return total
 
 
@@ -207,10 +197,10 @@ def gemm_bwd_w_scratch(x_shape: Sequence[int], w_shape: Sequence[int], out_sizes
     estimate += _BF16 * nthreads * ic * ks * simd_w  # the least columns: os_block >= simd_w
     outer = estimate < limit and oh * ow // nthreads < 256 and mb != 1
     nthr = nthreads if outer else 1
-    total = _book(nthr * wei * _F32) + _book(wei * _F32) + (_book(oc * _F32) if with_bias else 0)
+    total = book(nthr * wei * _F32) + book(wei * _F32) + (book(oc * _F32) if with_bias else 0)
     if total > limit or limit - total < nthr * cols * _BF16:
         return None
-    return total + _book(nthr * cols * _BF16)
+    return total + book(nthr * cols * _BF16)
 
 
 def bwd_data_scratch(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequence[int],
@@ -226,7 +216,7 @@ def bwd_data_scratch(x_shape: Sequence[int], w_shape: Sequence[int], padding: Se
     oh, ow = ih + 2 * padding[0] - kh + 1, iw + 2 * padding[1] - kw + 1
     if kh * kw == 1:  # brgconv_1x1 on the output's gradient
         sized = forward_scratch_1x1((mb, oc, oh, ow), (ic, oc, 1, 1), (1, 1), (0, 0), nthreads)
-        return None if sized is None else (_book(sized[0]), sized[1])
+        return None if sized is None else (book(sized[0]), sized[1])
     p = fwd.problem((mb, oc, oh, ow), (ic, oc, kh, kw), (1, 1), (th, tw), nthreads)
     if p is None:
         return None
@@ -245,7 +235,7 @@ def bwd_data_scratch(x_shape: Sequence[int], w_shape: Sequence[int], padding: Se
     src, dst = mb * oc * oh * ow * _BF16, mb * ic * ih * iw * _BF16
     if pad > 64 * nthreads * (src + wei + dst):
         return None  # init_scratchpad's limit: another implementation
-    return _book(pad), wei  # nested in the backward's registry
+    return book(pad), wei  # nested in the backward's registry
 
 
 def _weights_scratch(call: ConvCall, nthreads: int, with_bias: bool) -> tuple[int, bool] | None:

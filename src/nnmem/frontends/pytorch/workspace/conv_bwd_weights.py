@@ -19,24 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nnmem.frontends.pytorch.workspace._common import round_up
+from nnmem.frontends.pytorch.workspace._common import barriers, book, round_up
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
     from nnmem.frontends.pytorch.workspace.conv_select import ConvCall
 
-_ALIGN = 128  # memory_tracking::default_alignment
 _PAGE = 4096  # PAGE_4K, and alignof(simple_barrier::ctx_t) on Linux
 _F32 = 4
-
-
-def _book(size: int, align: int = _ALIGN) -> int:
-    """Bytes one ``registry_t::book`` adds: the size and its alignment (nothing for size 0)."""
-    return size + max(align, _ALIGN) if size else 0
-
-
-def _barriers(count: int) -> int:
-    """``book<simple_barrier::ctx_t>(key, count)``: page-aligned 4 KiB contexts."""
-    return _book(count * _PAGE, _PAGE)
 
 
 def _div_up(a: int, b: int) -> int:
@@ -94,8 +83,8 @@ def _reducer(nthr: int, job_size: int, njobs: int, reduction: int, max_buffer: i
     if per_group == 1:
         return 0
     if two_d:
-        return _book(ngroups * per_group * ub * job_size * _F32) + _barriers(ngroups)
-    return _book(ngroups * (per_group - 1) * ub * job_size * _F32, _PAGE) + _barriers(ngroups)
+        return book(ngroups * per_group * ub * job_size * _F32) + barriers(ngroups)
+    return book(ngroups * (per_group - 1) * ub * job_size * _F32, _PAGE) + barriers(ngroups)
 
 
 def dw_jit_bwd_weights(x_shape: Sequence[int], w_shape: Sequence[int], stride: Sequence[int],
@@ -139,7 +128,7 @@ def _rtus(nthr: int, bcast_blocking: int, d: ConvDims, blk: int, strided: bool) 
     """``rtus_prepare_space_info`` (cpu/x64/jit_uni_1x1_conv_utils.hpp): a strided 1x1 kernel gathers the
     source at unit stride, ``nb_bcast_blocking * is * ic_block`` floats per thread (``d`` is the reduced,
     unit-stride problem)."""
-    return _book(nthr * bcast_blocking * d.ih * d.iw * blk * _F32) if strided else 0
+    return book(nthr * bcast_blocking * d.ih * d.iw * blk * _F32) if strided else 0
 
 
 def avx512_1x1(d: ConvDims, nthreads: int, strided: bool = False) -> int:
@@ -171,9 +160,9 @@ def avx512_1x1(d: ConvDims, nthreads: int, strided: bool = False) -> int:
     if nthreads // 2 < nthr_mb < nthreads:
         nthr_mb = min(d.mb, nthreads)
     nthr = nthr_mb * nthr_oc * nthr_ic
-    total = _book(oc * ic * (nthr_mb - 1) * _F32) + (_barriers(1) if nthr_mb > 1 else 0)
+    total = book(oc * ic * (nthr_mb - 1) * _F32) + (barriers(1) if nthr_mb > 1 else 0)
     if d.with_bias:
-        total += _book(oc * _F32) if oc != d.oc else 0
+        total += book(oc * _F32) if oc != d.oc else 0
         total += _reducer(nthr, blk, nb_load, d.mb, nthr * 3 * 5 * 5 * 16 * 16)
     return total + _rtus(nthr, best_divider(nb_bcast, 5, nb_bcast, False), d, blk, strided)
 
@@ -222,9 +211,9 @@ def avx512_direct(d: ConvDims, nthreads: int, dilated: bool, nxc: bool = False) 
     nthr = nthr_mb * pick[1] * pick[2]
     total = 0
     if nthr_mb > 1:
-        total += _book((oc * ic * k + oc) * (nthr_mb - 1) * _F32) + _barriers(1)
+        total += book((oc * ic * k + oc) * (nthr_mb - 1) * _F32) + barriers(1)
     if d.with_bias:
-        total += _book(oc * _F32) if d.oc % blk and not nxc else 0
+        total += book(oc * _F32) if d.oc % blk and not nxc else 0
         total += _reducer(nthr, blk, nb_oc, d.mb, nthr * 3 * 5 * 5 * 16 * 16)
     return total
 
@@ -237,7 +226,7 @@ def avx2_direct(d: ConvDims, nthreads: int) -> int:
     nb_ic, nb_oc = _div_up(d.ic, ic_block), _div_up(d.oc, blk)
     total = _reducer(nthreads, d.kh * d.kw * ic_block * blk, nb_ic * nb_oc, d.mb, 1 << 21)
     if d.with_bias:
-        total += _book(round_up(d.oc, blk) * _F32) if d.oc % blk else 0
+        total += book(round_up(d.oc, blk) * _F32) if d.oc % blk else 0
         total += _reducer(nthreads, blk, nb_oc, d.mb, 1 << 21)
     return total
 
@@ -266,7 +255,7 @@ def avx2_1x1(d: ConvDims, nthreads: int, strided: bool = False) -> int:
     njobs = _div_up(nb_oc, oc_blocking) * _div_up(nb_ic, ic_blocking)
     total = _reducer(nthreads, job, njobs, d.mb * d.oh * d.ow, max_buffer, two_d=True)
     if d.with_bias:
-        total += _book(nb_oc * blk * _F32) if d.oc % blk else 0
+        total += book(nb_oc * blk * _F32) if d.oc % blk else 0
         total += _reducer(nthreads, blk, nb_oc, d.mb, max_buffer)
     return total + _rtus(nthreads, ic_blocking, d, blk, strided)
 
@@ -280,8 +269,8 @@ def depthwise(d: ConvDims, nthreads: int, block: int) -> int:
     nthr_mb = min(max(1, nthreads // nthr_g), d.mb)
     if nthr_mb == 1:
         return 0
-    total = _book(groups * d.kh * d.kw * (nthr_mb - 1) * _F32)
-    return total + (_book(groups * (nthr_mb - 1) * _F32) if d.with_bias else 0)
+    total = book(groups * d.kh * d.kw * (nthr_mb - 1) * _F32)
+    return total + (book(groups * (nthr_mb - 1) * _F32) if d.with_bias else 0)
 
 
 def bwd_weights_kernel(call: ConvCall, block: int, nxc: bool = False) -> str | None:
