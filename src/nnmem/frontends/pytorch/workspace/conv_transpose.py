@@ -22,6 +22,7 @@ draws: tests/frontends/pytorch/test_conv_transpose.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -49,8 +50,6 @@ def transposed_out_sizes(call: ConvCall) -> tuple[int, ...]:
 def _as_convolution(call: ConvCall) -> ConvCall:
     """The convolution whose backward data oneDNN runs: its input is the deconvolution's output, its weight
     ``[c, o, k...]`` (the deconvolution's, read with the channel roles swapped)."""
-    import dataclasses
-
     out = transposed_out_sizes(call)
     n, c = call.x_shape[:2]
     o = call.w_shape[1]
