@@ -75,3 +75,39 @@ def test_conv3d_scratch_matches_measurement(torch_threads: Callable[[int], None]
     if HOST.onednn_block == 16:
         assert sum(claimed.values()) >= sum(seen.values()) // 2, f"claimed {claimed} of {seen}"
         assert claimed["backward"] >= seen["backward"] // 3, f"claimed {claimed} of {seen}"
+
+
+def _few_channels(rng: random.Random) -> tuple[nn.Conv3d, torch.Tensor]:
+    """A dense ncdhw float32 3-D convolution whose weights' gradient the AVX-512 direct kernel refuses in most
+    draws (4-15 input channels, a front padding, a dilation), its input asking for its gradient half the time."""
+    c, o = rng.choice([4, 5, 8, 12, 15, 16, 24, 32]), rng.choice([4, 8, 12, 16, 24, 33])
+    k, s, d = rng.choice([1, 2, 3, 5]), rng.choice([1, 1, 2]), rng.choice([1, 1, 2])
+    n, size = rng.choice([1, 2, 3, 5]), rng.choice([2, 3, 4, 6, 8])
+    size = max(size, d * (k - 1) + 1)
+    conv = nn.Conv3d(c, o, k, s, rng.choice([0, d * (k // 2), 1]), d, bias=rng.random() < 0.6)
+    return conv, torch.randn(n, c, size, size, size).requires_grad_(rng.random() < 0.5)
+
+
+def test_conv3d_weights_gradient_on_avx2_and_gemm(torch_threads: Callable[[int], None]) -> None:
+    """3-D weights' gradients the AVX-512 direct kernel refuses run ``jit:avx2`` (nCdhw8c, no depth padding) or
+    oneDNN's gemm (conv_gemm.py), beside the input's gradient on the direct kernels or ``brgconv_strided``: every
+    claimed ``convolution_backward`` equals the allocator's peak inside it minus its outputs at 1-4 threads, and
+    most are claimed on AVX-512 (they carried a note before)."""
+    if HOST.onednn_block != 16:
+        pytest.skip(f"the 3-D backward rules are measured on AVX-512; this CPU runs oneDNN at {HOST.isa}")
+    rng, claimed, failures = random.Random(4), 0, []
+    for _ in range(40):
+        torch_threads(rng.randint(1, 4))
+        conv, x = _few_channels(rng)
+
+        def step(conv: nn.Module = conv, x: torch.Tensor = x) -> None:
+            conv(x).sum().backward()
+
+        for row in calibrate.measure_ops(step, training=True):
+            if row.name.startswith("aten.convolution_backward") and row.note is None:
+                claimed += 1
+                if row.predicted != row.scratch:
+                    failures.append(f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} grad_input="
+                                    f"{x.requires_grad}: measured {row.scratch:,} B, rule {row.predicted:,} B")
+    assert not failures, "\n".join(failures)
+    assert claimed >= 30, claimed

@@ -260,8 +260,12 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else copied
     gemm = onednn_gemm(call, info)
     if gemm[0] or gemm[1] and (mask[1] or mask[2]):  # gemm: conv_gemm (conv_note where not sized)
+        # a dense strided input gradient runs brgconv_strided (3-D: the weights' gradient alone on gemm)
+        strided = call.groups == 1 and bool(mask[0]) and any(s > 1 for s in call.stride)
+        data_pad = (strided_bwd_data(call, torch.get_num_threads(), info.onednn_block) or 0) if strided else 0
         jit_data = None if gemm[0] else conv_backward(grad_out, x, weight, False, call.groups,
-                                                      (mask[0], False, False), (), info.onednn_block)
+                                                      (mask[0], False, False), (), info.onednn_block, strided,
+                                                      data_scratchpad=data_pad)
         contiguous = 0 if grad_out.is_contiguous() else nbytes(grad_out)
         return copy + (gemm_backward(call, gemm, mask, contiguous, jit_data, fresh, torch.get_num_threads(),
                                      info.onednn_block) or 0)
@@ -273,8 +277,11 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     first_3d = None  # a strided 3-D 1x1 one runs the direct kernel, which reads 1 to 3 channels on ncdhw
     if len(call.x_shape) == 5 and call.w_shape[2:] == (1, 1, 1) and any(s > 1 for s in call.stride):
         first_3d = call.x_shape[1] <= 3
+    # 3-D on jit:avx2 (4 to 15 channels): 8-channel blocks, 1x1 kernels too (2-D ones run jit_1x1)
+    avx2_3d = len(call.x_shape) == 5 and bwd_weights_kernel(call, info.onednn_block) == "jit:avx2"
     return copy + conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
-                                strided_nhwc, scratchpad, first=first_3d, data_scratchpad=data)
+                                strided_nhwc, scratchpad, first=first_3d, weights_block=8 if avx2_3d else None,
+                                data_scratchpad=data)
 
 
 CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | None]] = {

@@ -17,6 +17,7 @@ from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel
+from nnmem.frontends.pytorch.workspace.conv_gemm import gemm_sized
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
     from nnmem.frontends.pytorch.workspace.conv_select import ConvCall
@@ -34,7 +35,8 @@ def onednn_3d_backward(call: ConvCall, info: CpuInfo, backend: str) -> bool:
     """Whether a float32 3-D ncdhw convolution's oneDNN backward is one the nchw rules size (measured on
     AVX-512 only): contiguous; ungrouped, its input gradient on the direct kernels (``jit`` / ``jit_1x1`` at unit
     stride, the kernel inside the padded input) or on ``brgconv_strided`` where :func:`strided_bwd_data`
-    sizes it, its weights' gradient on a kernel :func:`bwd_weights_kernel` names (``gemm`` otherwise); or grouped
+    sizes it, its weights' gradient on a kernel :func:`bwd_weights_kernel` names (``jit:avx512_core``, or
+    ``jit:avx2`` for 4 to 15 channels) or on ``gemm`` where :mod:`.conv_gemm` sizes it; or grouped
     (not depthwise) with both per-group channel counts multiples of 16, undilated, the kernel inside the padded
     input: the grouped ``jit`` kernels (``aBCdef16b16c``), whose weights' gradient needs whole 16-channel blocks
     per group in 3-D (``oc % oc_block`` in ``init_conf``; ``gemm`` below, where 2-D runs ``jit:avx2``). The
@@ -50,7 +52,7 @@ def onednn_3d_backward(call: ConvCall, info: CpuInfo, backend: str) -> bool:
     if call.grad_input and (call.kernel_outside() if all(s == 1 for s in call.stride) else
                             strided_bwd_data(call, torch.get_num_threads(), 16) is None):
         return False
-    return bwd_weights_kernel(call, 16) is not None
+    return bwd_weights_kernel(call, 16) is not None or gemm_sized(call, (False, True), torch.get_num_threads(), 16)
 
 
 def ncdhw_3d_why(call: ConvCall, info: CpuInfo) -> str:
@@ -68,7 +70,7 @@ def ncdhw_3d_why(call: ConvCall, info: CpuInfo) -> str:
     if call.backward and info.onednn_block != 16:
         return "backward below AVX-512"
     if call.backward and bwd_weights_kernel(call, 16) is None:
-        return "weights' gradient on gemm: 4 to 15 channels, a dilation or a padding the direct kernel refuses"
+        return "weights' gradient on gemm, this shape"
     return "this shape"
 
 

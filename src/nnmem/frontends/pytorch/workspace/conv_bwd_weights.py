@@ -219,12 +219,13 @@ def avx512_direct(d: ConvDims, nthreads: int, dilated: bool, nxc: bool = False) 
 
 
 def avx2_direct(d: ConvDims, nthreads: int) -> int:
-    """``jit:avx2`` (``jit_avx2_convolution_bwd_weights_t``): nChw8c, or nchw for 3 channels; its reducers
-    balance over all ``nthreads`` with a 2 MiB buffer heuristic."""
+    """``jit:avx2`` (``jit_avx2_convolution_bwd_weights_t``): nC(d)hw8c, or nc(d)hw for 3 channels; its reducers
+    balance over all ``nthreads`` with a 2 MiB buffer heuristic, the weights' over ``mb * od``
+    (``init_balancers``)."""
     blk = 8
     ic_block = d.ic if d.ic == 3 else blk
     nb_ic, nb_oc = _div_up(d.ic, ic_block), _div_up(d.oc, blk)
-    total = _reducer(nthreads, d.kh * d.kw * ic_block * blk, nb_ic * nb_oc, d.mb, 1 << 21)
+    total = _reducer(nthreads, d.kd * d.kh * d.kw * ic_block * blk, nb_ic * nb_oc, d.mb * d.od, 1 << 21)
     if d.with_bias:
         total += book(round_up(d.oc, blk) * _F32) if d.oc % blk else 0
         total += _reducer(nthreads, blk, nb_oc, d.mb, 1 << 21)
@@ -278,7 +279,8 @@ def bwd_weights_kernel(call: ConvCall, block: int, nxc: bool = False) -> str | N
     ungrouped 3-D one on AVX-512, as ``ONEDNN_VERBOSE`` names it ("jit_dw" for ``jit_uni_dw``); None where no port
     here sizes it (a strided 1x1 kernel whose output does not tile the input, which "reduce to unit stride"
     refuses; ``kw > 14``, which the direct kernels refuse; a depthwise one outside ``jit_uni_dw``; other groups;
-    in 3-D: 4 to 15 channels on ncdhw, a dilation, a 3-D one below AVX-512, all of which run ``gemm``)."""
+    in 3-D: a dilation, a padding the direct kernels refuse (4 to 15 channels on ncdhw run ``jit:avx2``, which
+    takes no depth padding), a 3-D one below AVX-512, all of which run ``gemm``: :mod:`.conv_gemm`)."""
     three_d = len(call.x_shape) == 5
     if len(call.x_shape) != 4 and not three_d:
         return None
@@ -298,10 +300,12 @@ def bwd_weights_kernel(call: ConvCall, block: int, nxc: bool = False) -> str | N
     if kw > 14:
         return None
     # the avx512 direct kernel takes a first convolution only on 1 to 3 channels on nchw (is_1stconv / src_ok),
-    # any on nhwc; a 3-D one of 4 to 15 channels runs gemm (jit:avx2 takes only 2-D ones)
+    # any on nhwc; a 3-D one of 4 to 15 channels runs jit:avx2 (nCdhw8c) where that kernel takes it, else gemm
     first_refused = 4 <= call.x_shape[1] < 16 and not nxc
+    if three_d and not first_refused:
+        return None if _direct_refuses(call, True) else "jit:avx512_core"
     if three_d:
-        return None if first_refused or _direct_refuses(call, True) else "jit:avx512_core"
+        return None if nxc or _avx2_3d_refuses(call) or _direct_refuses(call, False) else "jit:avx2"
     kernel = "jit:avx512_core" if block == 16 and not first_refused else "jit:avx2"
     return None if _direct_refuses(call, kernel == "jit:avx512_core") else kernel
 
@@ -334,6 +338,13 @@ def _direct_refuses(call: ConvCall, avx512: bool) -> bool:
                 or max(t_pad, b_pad) > ext_kh // 2 or max(l_pad, r_pad) > 28)
     return (dh > 1 or dw > 1 or not (t_pad < ext_kh and b_pad < ext_kh and l_pad < ext_kw and r_pad < ext_kw)
             or kh > ih or t_pad >= kh)
+
+
+def _avx2_3d_refuses(call: ConvCall) -> bool:
+    """The depth checks of ``jit_avx2_conv_bwd_weights_kernel_f32_t::init_conf`` (jit_avx2_conv_kernel_f32.cpp):
+    no front or back padding (``boundaries_ok``), a kernel no deeper than the input."""
+    i_d, _, back_pad = _end_pad(call, 0)
+    return call.padding[0] != 0 or back_pad != 0 or call.w_shape[2] > i_d
 
 
 def _dims(call: ConvCall, with_bias: bool) -> ConvDims:

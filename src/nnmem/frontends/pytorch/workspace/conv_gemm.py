@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nnmem.frontends.pytorch.workspace._common import alloc_peak, div_up, round_up
+from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 
 if TYPE_CHECKING:
     from nnmem.frontends.pytorch.workspace.conv_select import ConvCall
@@ -357,6 +358,9 @@ def gemm_sized(call: ConvCall, on_gemm: tuple[bool, bool], nthr: int, simd_w: in
     if on_gemm[0] and call.grad_input and bwd_data_scratchpad(j, nthr, simd_w) is None:
         return False
     depthwise = call.groups == call.x_shape[1] == call.w_shape[0]
+    if call.grad_input and call.groups == 1 and any(s > 1 for s in call.stride) and \
+            strided_bwd_data(call, nthr, simd_w) is None:  # a dense one's runs brgconv_strided: sized there
+        return False
     if call.grad_input and not depthwise and any(s > 1 for s in call.stride) and _brgconv_strided(call):
         return False  # its input's gradient runs on brgconv_strided, not sized here
     return not on_gemm[1] or bwd_weights_scratchpad(j, nthr, simd_w) is not None

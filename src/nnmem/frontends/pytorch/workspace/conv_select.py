@@ -332,8 +332,9 @@ def onednn_gemm(call: ConvCall, info: CpuInfo) -> tuple[bool, bool]:
             return True, True
         one_by_one = math.prod(call.w_shape[2:]) == 1 and not any(call.padding)  # jit_1x1 (dilation moot)
         return False, not one_by_one and _nhwc_gemm_bwd_weights(call, info)
-    if g == 1:
-        return False, False
+    if g == 1:  # a dense ncdhw weights' gradient the direct kernels refuse (bwd_weights_kernel): gemm (AVX-512)
+        return False, (len(call.x_shape) == 5 and call.backward and info.onednn_block == 16
+                       and bwd_weights_kernel(call, 16) is None)
     if g == c == o:
         weights = not dw_jit_bwd_weights(call.x_shape, call.w_shape, call.stride, call.padding, call.dilation)
         if len(call.x_shape) != 4:
