@@ -157,15 +157,16 @@ def test_bf16_depthwise_convolution_scratch_matches_measurement(torch_threads: C
 
 
 def test_bf16_convolutions_outside_the_measured_domain_keep_their_note() -> None:
-    """A padded 1x1, a grouped and a channels-last bfloat16 convolution, and a strided convolution's input gradient
-    (``brgconv_strided``), are noted; dense and 1x1 training steps (a strided 1x1 first) are not."""
+    """A padded 1x1, a grouped and a grouped channels-last bfloat16 convolution with few channels a group (which
+    brgemm leaves to jit_bf16), and a grouped strided convolution's input gradient (``brgconv_strided``), are
+    noted; dense and 1x1 training steps (a strided 1x1 first) are not."""
     _require_modelled_cpu()
     x = torch.randn(2, 16, 8, 8, dtype=BF16)
     for conv, inp in ((nn.Conv2d(16, 32, 1, padding=1), x), (nn.Conv2d(16, 32, 3, groups=2), x),
-                      (nn.Conv2d(16, 32, 3), x.contiguous(memory_format=torch.channels_last))):
+                      (nn.Conv2d(16, 32, 3, groups=2), x.contiguous(memory_format=torch.channels_last))):
         estimate = nnmem.estimate(conv.to(BF16), (inp,), mode="infer")
         assert any("bfloat16 convolution" in n for n in estimate.notes), (conv, estimate.notes)
-    strided = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 32, 3, stride=2))
+    strided = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 32, 3, stride=2, groups=2))
     train = nnmem.estimate(strided.to(BF16), (x,), mode="train", optimizer="sgd")
     assert any("bfloat16 convolution" in n for n in train.notes), train.notes
     dense = nn.Sequential(nn.Conv2d(16, 32, 1, stride=2), nn.Conv2d(32, 16, 3), nn.Conv2d(16, 8, 1))

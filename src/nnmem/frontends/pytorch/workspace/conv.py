@@ -27,10 +27,25 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
 )
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import bwd_weights as bf16_1x1_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import fwd_or_bwd_data as bf16_1x1_fwd_or_bwd_data
+from nnmem.frontends.pytorch.workspace.conv_bf16_3d import (
+    bf16_3d_backward_claims,
+    bf16_3d_backward_scratchpads,
+    bf16_3d_forward_scratchpad,
+)
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx_bwd import amx_backward_claims, amx_backward_scratch
+from nnmem.frontends.pytorch.workspace.conv_bf16_brgemm import brgemm_forward as bf16_brgemm_forward
+from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import (
+    bf16_strided_backward_claims,
+    bf16_strided_data_scratch,
+    bf16_strided_data_weights,
+)
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_gemm import gemm_backward, gemm_forward, gemm_nhwc_backward
+from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import backward_claims as gemm_bf16_backward_claims
+from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import backward_scratch as gemm_bf16_backward
+from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import forward_claims as gemm_bf16_forward_claims
+from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import forward_scratch as gemm_bf16_forward
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
 from nnmem.frontends.pytorch.workspace.conv_native import (
     slow3d_backward,
@@ -73,6 +88,9 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
         return slow3d_forward(call, nbytes(out))
     if backend == "slow_transpose2d":
         return slow_transpose_forward(call) or 0
+    pad_3d = bf16_3d_forward_scratchpad(call, info, bias is not None) if backend == "mkldnn" else None
+    if pad_3d is not None:  # bfloat16 3-D: jit_bf16 / jit_bf16_1x1 (conv_bf16_3d)
+        return conv_forward(x, weight, bias, out, 1, info.onednn_block, call.stride, scratchpad=pad_3d)
     if backend == "mkldnn" and bf16_1x1_modelled(call, info):  # jit_bf16_1x1: its scratchpad first
         pad = bf16_1x1_fwd_or_bwd_data(one_by_one(call, bias is not None), torch.get_num_threads(), False)
         return conv_forward(x, weight, bias, out, 1, info.onednn_block, call.stride, scratchpad=pad)
@@ -84,6 +102,13 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
     amx = bf16_amx_forward(call, info) if backend == "mkldnn" else None
     if amx is not None:  # brg_conv_fwd on AMX: conv_bf16_amx
         return amx
+    brgemm = bf16_brgemm_forward(call, info) if backend == "mkldnn" else None
+    if brgemm is not None:  # brg_conv_fwd:avx512_core_bf16 on channels-last: conv_bf16_brgemm
+        return brgemm
+    if backend == "mkldnn" and gemm_bf16_forward_claims(call, info):  # bfloat16 on gemm:jit: conv_gemm_bf16
+        return gemm_bf16_forward(call, bias is not None)
+    if backend == "mkldnn_transpose" and call.dtype == torch.bfloat16:  # conv_bf16_transpose (conv_note if None)
+        return transpose_forward(call, bias is not None, info) or 0
     if call.dtype != torch.float32 and not bf16_forward_modelled(call, info):
         return 0  # not modelled: conv_note says so
     if len(call.x_shape) != 4 and not onednn_3d_forward(call, backend) and not onednn_nhwc(call):
@@ -210,21 +235,40 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     if backend == "mkldnn" and amx_backward_claims(call, info):  # brg_conv_bwd / brgconv_bwd_w on AMX
         contiguous = 0 if grad_out.is_contiguous() else nbytes(grad_out)
         return amx_backward_scratch(call, mask, contiguous, fresh)
+    if backend == "mkldnn" and gemm_bf16_backward_claims(call, info):  # bfloat16 weights' gradient on gemm:jit
+        return gemm_bf16_backward(call, grad_out, x, weight, mask, fresh)
+    if backend == "mkldnn" and bf16_3d_backward_claims(call, info):  # bfloat16 3-D: conv_bf16_3d
+        data, weights, first = bf16_3d_backward_scratchpads(call, mask, torch.get_num_threads())
+        return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block,
+                             scratchpad=weights, first=first, weights_block=16, data_scratchpad=data)
     if backend == "mkldnn" and bf16_1x1_modelled(call, info):
         problem, nthreads = one_by_one(call, bool(mask[2])), torch.get_num_threads()
         data = bf16_1x1_fwd_or_bwd_data(problem, nthreads, True) if mask[0] else 0
+        brg = bool(mask[0]) and problem.strided  # a strided input gradient runs brgconv_strided (nhwc)
+        data = (bf16_strided_data_scratch(call, nthreads) or 0) if brg else data
         weights = bf16_1x1_bwd_weights(problem, nthreads) if mask[1] else 0
-        return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block,
-                             scratchpad=weights, first=False, weights_block=16, data_scratchpad=data)
+        return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block, brg,
+                             scratchpad=weights, first=False, weights_block=16, data_scratchpad=data,
+                             data_weights=bf16_strided_data_weights(call, nthreads) if brg else None)
     if backend == "mkldnn" and bf16_depthwise_modelled(call, info):
         weights = bf16_depthwise_bwd_weights(call, bool(mask[2]), torch.get_num_threads()) if mask[1] else 0
         return conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
                              scratchpad=weights)
-    if backend == "mkldnn" and bf16_backward_modelled(call, info):
+    strided_bf16 = backend == "mkldnn" and bf16_strided_backward_claims(call, info)  # brgconv_strided's input grad
+    if strided_bf16 and len(call.x_shape) == 5:  # bfloat16 3-D: conv_bf16_3d's weights' gradient
+        _, weights, first = bf16_3d_backward_scratchpads(call, (False, *mask[1:]), torch.get_num_threads())
+        data = (bf16_strided_data_scratch(call, torch.get_num_threads()) or 0) if mask[0] else 0
+        return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block, True,
+                             scratchpad=weights, first=first, weights_block=16, data_scratchpad=data,
+                             data_weights=bf16_strided_data_weights(call, torch.get_num_threads()))
+    if backend == "mkldnn" and (bf16_backward_modelled(call, info) or strided_bf16):
         first = call.x_shape[1] < 16  # jit_bf16's first convolution: nchw source, Acdb16a weights
         scratchpad = bf16_bwd_weights_scratch(call, bool(mask[2]), torch.get_num_threads()) if mask[1] else 0
-        return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block,
-                             scratchpad=scratchpad, first=first, weights_block=16)
+        data = (bf16_strided_data_scratch(call, torch.get_num_threads()) or 0) if strided_bf16 and mask[0] else 0
+        wei = bf16_strided_data_weights(call, torch.get_num_threads()) if strided_bf16 else None
+        return conv_backward(grad_out, x, weight, bool(mask[2]), 1, mask, out, info.onednn_block, strided_bf16,
+                             scratchpad=scratchpad, first=first, weights_block=16, data_scratchpad=data,
+                             data_weights=wei)
     if backend != "mkldnn" or call.dtype != torch.float32 or len(call.x_shape) not in (4, 5):
         return 0  # conv_note says so
     if len(call.x_shape) == 5 and not onednn_nhwc(call) and not onednn_3d_backward(call, info, backend):

@@ -138,12 +138,12 @@ def fwd_or_bwd_data(c: OneByOne, nthreads: int, backward_data: bool, l2: int | N
     return total
 
 
-def bwd_weights(c: OneByOne, nthreads: int) -> int:
+def bwd_weights(c: OneByOne, nthreads: int, permw: bool | None = None) -> int:
     """Bytes of the backward-weights scratchpad: the padded bias, one float32 partial sum of the bfloat16
     weights (and bias) per batch thread and its barrier, the transposed output gradient and source per
     thread (images of 14 or fewer rows or columns), the unit-stride source per thread."""
     reduce_dim = c.oh * c.ow
-    permw = c.oh > 14 and c.ow > 14
+    permw = c.oh > 14 and c.ow > 14 if permw is None else permw  # 3-D: the caller's (uses_permw_transposition)
     if permw:
         block = best_divider(reduce_dim, 7, min(256, reduce_dim), True, 2)
     else:

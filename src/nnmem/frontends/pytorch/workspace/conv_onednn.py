@@ -89,7 +89,8 @@ def _rtus_space(c: int, k: int, stride: tuple[int, ...], groups: int, e: int, b:
 def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_defined: bool,
                   groups: int, mask: Sequence[bool], outs: Sequence[Any], b: int,
                   strided_nhwc: bool = False, scratchpad: int = 0, first: bool | None = None,
-                  weights_block: int | None = None, data_scratchpad: int = 0) -> int:
+                  weights_block: int | None = None, data_scratchpad: int = 0,
+                  data_weights: int | None = None) -> int:
     """Scratch of ``mkldnn_convolution_backward`` (aten/src/ATen/native/mkldnn/Conv.cpp), float32.
 
     backward_data: grad_output reordered to nChw16c (nChw8c below AVX-512), weights reordered, a blocked
@@ -113,7 +114,8 @@ def conv_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     seq = [contiguous]
     if mask[0] and strided_nhwc:  # brgconv_strided: nhwc grad_output and grad_input, Bcda16b/32b weights
         gy, gx = (0 if o == 1 or s_out == 1 else n * o * s_out * e), nbytes(x)  # nchw already is nhwc
-        wei = o * round_up(c, io_block(c, b)) * k * e
+        wei = (round_up(o, 2) if e == 2 else o) * round_up(c, io_block(c, b)) * k * e  # 2 B: oc in VNNI pairs
+        wei = wei if data_weights is None else data_weights  # bfloat16: the blocking's ic_block (conv_bf16_transpose)
         seq += [gy, wei, gx, data_scratchpad, -data_scratchpad, -wei, -gy, gx, gx, -gx, -gx]
     elif mask[0]:
         gy = n * round_up(o, b) * s_out * e

@@ -27,11 +27,18 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
     bf16_backward_modelled,
     bf16_depthwise_modelled,
 )
+from nnmem.frontends.pytorch.workspace.conv_bf16_3d import bf16_3d_claims
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx import forward_scratch as amx_forward_scratch
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx_bwd import amx_backward_claims
+from nnmem.frontends.pytorch.workspace.conv_bf16_brgemm import brgemm_forward as bf16_brgemm_forward
+from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import (
+    bf16_strided_backward_claims,
+    bf16_transpose_claims,
+)
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_gemm import dw_forward_refuses, gemm_sized
+from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import gemm_bf16_claims
 from nnmem.frontends.pytorch.workspace.conv_transpose import transpose_note
 from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_ISA, MODELLED_THREADS
 
@@ -398,8 +405,12 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     if backend.startswith("mkldnn") and call.dtype != torch.float32 and not bf16_forward_modelled(call, info) \
             and not bf16_backward_modelled(call, info) and not bf16_1x1_modelled(call, info) \
             and not bf16_depthwise_modelled(call, info) and bf16_amx_forward(call, info) is None \
-            and not amx_backward_claims(call, info):
+            and not amx_backward_claims(call, info) and not bf16_3d_claims(call, info) \
+            and not gemm_bf16_claims(call, info) and bf16_brgemm_forward(call, info) is None \
+            and not bf16_transpose_claims(call, info) and not bf16_strided_backward_claims(call, info):
         return f"{kind} convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
+    if gemm_bf16_claims(call, info):  # bfloat16 on gemm:jit, sized whole by conv_gemm_bf16: no jit kernel's note
+        return None
     # A channels-last input is modelled (the Keras-torch zoo's NHWC convolutions measure exact); other strides
     # are not.
     if backend == "mkldnn" and call.x_layout == "strided" and not call.one_d:
@@ -428,7 +439,8 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     if (backend == "mkldnn" and not call.backward and call.groups == 1 and math.prod(call.w_shape[2:]) == 1
             and len(call.x_shape) == 4 and max(call.stride) > 2  # 3-D: the direct kernels, sized (no rtus)
             and all(i == o * s for i, o, s in zip(call.x_shape[2:], call.out_sizes, call.stride))  # else direct
-            and bf16_amx_forward(call, info) is None):  # brgconv_1x1 on AMX: conv_bf16_amx_1x1
+            and bf16_amx_forward(call, info) is None  # brgconv_1x1 on AMX: conv_bf16_amx_1x1
+            and bf16_brgemm_forward(call, info) is None):  # brgconv_1x1:avx512_core_bf16: conv_bf16_brgemm_1x1
         return f"strided 1x1 convolution (stride {max(call.stride)}) through oneDNN: {NOT_MODELLED}"
     if (backend == "mkldnn" and call.backward and call.groups == 1 and not any(call.padding)
             and call.w_shape[2:] == call.x_shape[2:]):
@@ -440,7 +452,8 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         return f"convolution weights' gradient through oneDNN (ISA {info.isa}, this shape): {NOT_MODELLED}"
     if (backend == "mkldnn" and call.backward and call.grad_input and call.groups == 1
             and any(s > 1 for s in call.stride)
-            and strided_bwd_data(call, torch.get_num_threads(), info.onednn_block) is None):
+            and strided_bwd_data(call, torch.get_num_threads(), info.onednn_block) is None
+            and not bf16_strided_backward_claims(call, info)):  # bfloat16: conv_bf16_strided_bwd
         # oneDNN's brgconv_strided computes it with per-thread brgemm batches and buffers in its scratchpad,
         # sized by conv_brgemm_bwd where the blocking does not change it
         return f"strided convolution's input gradient on oneDNN's brgconv_strided (ISA {info.isa}): {NOT_MODELLED}"
@@ -456,7 +469,8 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         # and reduce through a scratchpad (balance() in jit_avx512_common_conv_kernel.cpp), not sized here
         return (f"grouped convolution backward through oneDNN on {torch.get_num_threads()} threads "
                 f"(ISA {info.isa}): {NOT_MODELLED}")
-    if backend == "mkldnn" and len(call.x_shape) == 5 and onednn_nhwc(call) and (note := ndhwc_note(call, info)):
+    if backend == "mkldnn" and len(call.x_shape) == 5 and onednn_nhwc(call) \
+            and bf16_brgemm_forward(call, info) is None and (note := ndhwc_note(call, info)):
         return note
     if backend.endswith("3d") and any(layout == "channels_last" and (shape[1] == 1 or math.prod(shape[2:]) == 1)
                                       for layout, shape in ((call.x_layout, call.x_shape),
@@ -465,7 +479,9 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         # rules (which read the layout as oneDNN does) count a copy
         return f"one-channel channels-last-3d operand on ATen's {backend} kernel: {NOT_MODELLED}"
     if (backend.startswith("mkldnn") and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend)
-            and not onednn_3d_backward(call, info, backend) and not onednn_nhwc(call)):
+            and not onednn_3d_backward(call, info, backend) and not onednn_nhwc(call)
+            and not bf16_3d_claims(call, info) and not bf16_transpose_claims(call, info)
+            and not bf16_strided_backward_claims(call, info)):
         return f"3-D convolution through oneDNN ({ncdhw_3d_why(call, info)}, ISA {info.isa}): {NOT_MODELLED}"
     if backend not in ("mkldnn", "mkldnn_transpose", "slow2d", "slow_dilated2d", "slow_dilated3d", "slow3d"):
         return f"{kind} convolution on ATen's {backend} kernel (oneDNN ISA {info.isa}): {NOT_MODELLED}"

@@ -31,6 +31,11 @@ import torch
 
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED, alloc_peak, round_up
+from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import (
+    bf16_transpose_backward,
+    bf16_transpose_claims,
+    bf16_transpose_forward,
+)
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
@@ -84,6 +89,8 @@ def transpose_forward(call: ConvCall, bias: bool, info: CpuInfo) -> int | None:
     one position)."""
     from nnmem.frontends.pytorch.workspace.conv_select import io_block
 
+    if call.dtype == torch.bfloat16:  # conv_bf16_transpose's kernels
+        return bf16_transpose_forward(call, bias, info)
     if not _modelled(call, info):
         return None
     n, c = call.x_shape[:2]
@@ -118,6 +125,8 @@ def transpose_backward(call: ConvCall, grad_out: torch.Tensor, mask: Sequence[bo
     from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_scratch
     from nnmem.frontends.pytorch.workspace.conv_onednn import conv_forward
 
+    if call.dtype == torch.bfloat16:  # conv_bf16_transpose's kernels
+        return bf16_transpose_backward(call, grad_out, mask, outs, info)
     if not _modelled(call, info):
         return None
     n, c = call.x_shape[:2]
@@ -207,6 +216,8 @@ def _backward_claimed(call: ConvCall, info: CpuInfo) -> bool:
     scratchpad is one :func:`.conv_bwd_weights.bwd_weights_scratch` sizes."""
     from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_scratch
 
+    if call.dtype == torch.bfloat16:
+        return bf16_transpose_claims(call, info)
     if not _modelled(call, info):
         return False
     if math.prod(call.w_shape[2:]) == 1 and max(call.stride) > 2:
