@@ -99,3 +99,25 @@ def test_channels_last_1x1_backward_is_noted() -> None:
     model, x = _build(Case("", (1, 8, 1, 1, 1, 5, 1), "train", 0.0, 0.0))
     notes = nnmem.estimate(model, x, mode="train", optimizer="sgd").notes
     assert any("1x1 channels-last" in n and "not modelled" in n for n in notes), notes
+
+
+def test_a_model_moved_to_channels_last_on_an_nchw_input_runs_nhwc() -> None:
+    """``model.to(memory_format=torch.channels_last)`` gives depthwise and 1x1 weights strides that are contiguous
+    and channels-last at once; ATen's ``suggest_memory_format`` reads them as channels-last, so oneDNN runs the
+    convolution nhwc even on an nchw input. Read as contiguous, such calls were sized on the nchw kernels: the
+    depthwise backward below measured 654,528 B against 50,880 B estimated. Each op's rule (no note) against the
+    allocator's peak inside it."""
+    import calibrate_workspace as calibrate
+
+    if describe().onednn_block != 16:
+        pytest.skip("the nhwc depthwise and 1x1 rules are measured on AVX-512")
+    model = nn.Sequential(nn.Conv2d(24, 24, 5, padding=2, groups=24), nn.ReLU(), nn.Conv2d(24, 32, 1))
+    model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 24, 14, 14)
+
+    def step() -> None:
+        model(x).sum().backward()
+
+    rows = [r for r in calibrate.measure_ops(step, training=True) if "convolution" in r.name]
+    assert len(rows) == 4 and all(r.note is None for r in rows), [(r.name, r.note) for r in rows]
+    assert [r.predicted for r in rows] == [r.scratch for r in rows]

@@ -30,6 +30,7 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
 from nnmem.frontends.pytorch.workspace.conv_bf16_3d import bf16_3d_claims
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx import forward_scratch as amx_forward_scratch
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx_bwd import amx_backward_claims
+from nnmem.frontends.pytorch.workspace.conv_bf16_more import bf16_grouped_forward
 from nnmem.frontends.pytorch.workspace.conv_bf16_brgemm import brgemm_forward as bf16_brgemm_forward
 from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import (
     bf16_strided_backward_claims,
@@ -38,7 +39,8 @@ from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import (
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_gemm import dw_forward_refuses, gemm_sized
-from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import gemm_bf16_claims
+from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import gemm_bf16_claims, inner_product_takes, jit_1x1_takes
+from nnmem.frontends.pytorch.workspace.conv_grouped_strided_bwd import grouped_strided_claims
 from nnmem.frontends.pytorch.workspace.conv_transpose import transpose_note
 from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_ISA, MODELLED_THREADS
 
@@ -168,6 +170,9 @@ def conv_call(x: torch.Tensor, weight: torch.Tensor, stride: Any = 1, padding: A
         # contiguous and channels-last at once (one channel: a transposed (N, L, 1) or (N, H, W, 1)): ATen's
         # suggest_memory_format of the 4-D view says channels-last, and oneDNN runs it nhwc (ONEDNN_VERBOSE)
         x_layout = "channels_last"
+    if dims == 2 and w_layout == "contiguous" and strides_like_channels_last(w_shape, tuple(
+            int(v) for v in weight.stride())):  # a depthwise or 1x1 weight of a model moved to channels_last
+        w_layout = "channels_last"
     if dims == 3:  # the same for 3-D, input or weight (c10's is_channels_last_strides_3d_s5): ndhwc kernels run
         w_strides, order = tuple(int(v) for v in weight.stride()), (1, 4, 3, 2, 0)
         x_layout = "channels_last" if x_layout == "contiguous" and _strides_like(x_shape, strides, order) \
@@ -182,16 +187,17 @@ def bf16_forward_modelled(call: ConvCall, info: CpuInfo) -> bool:
     """Whether a bfloat16 convolution's scratch is the float32 forward's sequence with 2-byte elements
     (:func:`.conv_onednn.conv_forward`: blocked source and weights, blocked destination, its dense copy), as
     measured on oneDNN's ``avx512_core_bf16`` kernels at 1-4 threads: a dense (one group) NCHW forward in 1-D or
-    2-D, a kernel larger than 1x1, more than one output position, and a padding ``jit_bf16`` takes
+    2-D that ``jit_bf16_1x1`` refuses (:func:`.conv_gemm_bf16.jit_1x1_takes`; a strided 1x1 whose output does not
+    tile the input runs ``jit_bf16``) nor ``ip_convolution`` (:func:`.conv_gemm_bf16.inner_product_takes`), and a padding ``jit_bf16`` takes
     (:func:`_jit_bf16_forward_pads`). Other bfloat16 convolutions (1x1 and depthwise: their own rules; grouped,
-    channels-last, one output position, 3-D, transposed) measured otherwise and keep their note."""
+    channels-last, 3-D, transposed) measured otherwise and keep their note or another rule."""
     if call.dtype != torch.bfloat16 or call.backward or call.transposed or call.groups != 1:
         return False
     if len(call.x_shape) != 4 or call.x_layout != "contiguous" or info.isa != MODELLED_ISA:
         return False
     if torch.get_num_threads() not in MODELLED_THREADS:
         return False
-    return math.prod(call.w_shape[2:]) > 1 and math.prod(call.out_sizes) > 1 and _jit_bf16_forward_pads(call)
+    return not jit_1x1_takes(call) and not inner_product_takes(call) and _jit_bf16_forward_pads(call)
 
 
 def bf16_amx_forward(call: ConvCall, info: CpuInfo) -> int | None:
@@ -407,9 +413,10 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
             and not bf16_depthwise_modelled(call, info) and bf16_amx_forward(call, info) is None \
             and not amx_backward_claims(call, info) and not bf16_3d_claims(call, info) \
             and not gemm_bf16_claims(call, info) and bf16_brgemm_forward(call, info) is None \
-            and not bf16_transpose_claims(call, info) and not bf16_strided_backward_claims(call, info):
+            and not bf16_transpose_claims(call, info) and not bf16_strided_backward_claims(call, info) \
+            and not bf16_grouped_forward(call, info):
         return f"{kind} convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
-    if gemm_bf16_claims(call, info):  # bfloat16 on gemm:jit, sized whole by conv_gemm_bf16: no jit kernel's note
+    if gemm_bf16_claims(call, info) or bf16_grouped_forward(call, info):  # sized whole: no other kernel's note
         return None
     # A channels-last input is modelled (the Keras-torch zoo's NHWC convolutions measure exact); other strides
     # are not.
@@ -443,7 +450,8 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
             and bf16_brgemm_forward(call, info) is None):  # brgconv_1x1:avx512_core_bf16: conv_bf16_brgemm_1x1
         return f"strided 1x1 convolution (stride {max(call.stride)}) through oneDNN: {NOT_MODELLED}"
     if (backend == "mkldnn" and call.backward and call.groups == 1 and not any(call.padding)
-            and call.w_shape[2:] == call.x_shape[2:]):
+            and call.w_shape[2:] == call.x_shape[2:]
+            and not (call.dtype == torch.bfloat16 and info.isa == MODELLED_ISA)):  # bfloat16: inner_product_takes
         # a kernel as large as its input: oneDNN runs the backward as an inner product (ip:any+brg_matmul)
         return f"convolution backward as an inner product through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     if (backend == "mkldnn" and call.backward and call.dtype == torch.float32 and call.groups == 1
@@ -458,9 +466,9 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         # sized by conv_brgemm_bwd where the blocking does not change it
         return f"strided convolution's input gradient on oneDNN's brgconv_strided (ISA {info.isa}): {NOT_MODELLED}"
     if (backend == "mkldnn" and call.backward and call.grad_input and call.groups > 1 and not depthwise
-            and any(s > 1 for s in call.stride)):
-        # a grouped one runs brgconv_strided too (grouped weights, aCdeb16c), whose scratchpad no rule sizes:
-        # seeded draws measured it 150 KB above the grouped rule's figure (3 threads, 2 groups)
+            and any(s > 1 for s in call.stride) and not grouped_strided_claims(call, info)):
+        # a grouped one runs brgconv_strided too (grouped weights, aCdeb16c): sized by conv_grouped_strided_bwd
+        # on avx512_core (more than 16 output channels a group), not on avx2 (9-16 a group, or an AVX2 CPU)
         return (f"grouped strided convolution's input gradient on oneDNN's brgconv_strided (ISA {info.isa}): "
                 f"{NOT_MODELLED}")
     if (backend == "mkldnn" and call.backward and call.groups > 1 and not depthwise
