@@ -127,10 +127,11 @@ def test_measure_child_crash_is_reported(tmp_path: Path) -> None:
 def test_a_kernel_path_no_rule_models_on_this_cpu_is_named_in_the_report() -> None:
     from nnmem import cpu
 
-    model = torch.nn.ConvTranspose2d(4, 8, 3, groups=2).to(torch.bfloat16)  # grouped transposed bf16: no rule
+    # a grouped transposed bfloat16 one: no rule sizes it, through oneDNN or (below avx512_core_bf16) ATen's
+    # slow_transpose2d run group by group
+    model = torch.nn.ConvTranspose2d(4, 8, 3, groups=2).to(torch.bfloat16)
     report = nnmem.estimate(model, (torch.zeros(2, 4, 16, 16, dtype=torch.bfloat16),), mode="infer")
-    through_onednn = cpu.describe().onednn_bf16  # else ATen's im2col kernel, which a rule models
-    assert any("not modelled" in n and "bfloat16" in n for n in report.notes) == through_onednn
+    assert any("not modelled" in n and "bfloat16" in n for n in report.notes), report.notes
     assert report.meta["cpu.isa"] == cpu.describe().isa
 
 
