@@ -157,16 +157,20 @@ def test_bf16_depthwise_convolution_scratch_matches_measurement(torch_threads: C
 
 
 def test_bf16_convolutions_outside_the_measured_domain_keep_their_note() -> None:
-    """A padded 1x1, a grouped and a grouped channels-last bfloat16 convolution with few channels a group (which
-    brgemm leaves to jit_bf16), and a grouped strided convolution's input gradient (``brgconv_strided``), are
-    noted; dense and 1x1 training steps (a strided 1x1 first) are not."""
+    """A grouped channels-last bfloat16 convolution with few channels a group (which brgemm leaves to jit_bf16),
+    and a grouped strided convolution whose weights' gradient runs the grouped ``jit_bf16``, are noted; a padded
+    1x1 forward (``gemm:jit``, conv_gemm_bf16), a grouped NCHW one (``jit_bf16``, conv_bf16_more), dense and 1x1
+    training steps (a strided 1x1 first) are not."""
     _require_modelled_cpu()
     x = torch.randn(2, 16, 8, 8, dtype=BF16)
-    for conv, inp in ((nn.Conv2d(16, 32, 1, padding=1), x), (nn.Conv2d(16, 32, 3, groups=2), x),
-                      (nn.Conv2d(16, 32, 3, groups=2), x.contiguous(memory_format=torch.channels_last))):
-        estimate = nnmem.estimate(conv.to(BF16), (inp,), mode="infer")
-        assert any("bfloat16 convolution" in n for n in estimate.notes), (conv, estimate.notes)
-    strided = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 32, 3, stride=2, groups=2))
+    grouped_nhwc = nnmem.estimate(nn.Conv2d(16, 32, 3, groups=2).to(BF16),
+                                  (x.contiguous(memory_format=torch.channels_last),), mode="infer")
+    assert any("bfloat16 convolution" in n for n in grouped_nhwc.notes), grouped_nhwc.notes
+    for conv in (nn.Conv2d(16, 32, 1, padding=1), nn.Conv2d(16, 32, 3, groups=2)):
+        estimate = nnmem.estimate(conv.to(BF16), (x,), mode="infer")
+        assert not any("convolution" in n for n in estimate.notes), (conv, estimate.notes)
+    # a grouped strided one whose weights' gradient runs the grouped jit_bf16 (16 channels a group): noted
+    strided = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.Conv2d(32, 64, 3, stride=2, groups=2))
     train = nnmem.estimate(strided.to(BF16), (x,), mode="train", optimizer="sgd")
     assert any("bfloat16 convolution" in n for n in train.notes), train.notes
     dense = nn.Sequential(nn.Conv2d(16, 32, 1, stride=2), nn.Conv2d(32, 16, 3), nn.Conv2d(16, 8, 1))

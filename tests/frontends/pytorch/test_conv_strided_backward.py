@@ -112,10 +112,15 @@ def test_float32_strided_input_is_copied_then_sized(torch_threads: Callable[[int
 
 
 def test_grouped_strided_input_gradient_is_noted(torch_threads: Callable[[int], None]) -> None:
-    """A grouped strided convolution's input gradient runs on brgconv_strided too (measured 150 KB above the grouped
-    rule at 3 threads): noted, not claimed."""
+    """A grouped strided convolution's input gradient runs on brgconv_strided too: with more than 16 output channels
+    a group on AVX-512 sized (conv_grouped_strided_bwd, exact at 3 threads); with 16 (``brgconv_strided:avx2`` or
+    ``jit:avx512_core``), or on AVX2, noted."""
     torch_threads(3)
-    conv, x = nn.Conv2d(16, 64, 5, 2, 2, groups=2), torch.randn(1, 16, 16, 16, requires_grad=True)
-    rows = [r for r in calibrate.measure_ops(lambda: conv(x).sum().backward(), training=True)
-            if r.name.startswith("aten.convolution_backward")]
-    assert rows and all(r.note is not None and "brgconv_strided" in r.note for r in rows), rows
+    x = torch.randn(1, 16, 16, 16, requires_grad=True)
+    for conv in (nn.Conv2d(16, 64, 5, 2, 2, groups=2), nn.Conv2d(16, 32, 5, 2, 2, groups=2)):
+        rows = [r for r in calibrate.measure_ops(lambda conv=conv: conv(x).sum().backward(), training=True)
+                if r.name.startswith("aten.convolution_backward")]
+        if conv.out_channels == 64 and describe().onednn_block == 16:
+            assert rows and all(r.note is None and r.predicted == r.scratch for r in rows), rows
+        else:
+            assert rows and all(r.note is not None and "brgconv_strided" in r.note for r in rows), rows

@@ -34,6 +34,11 @@ from nnmem.frontends.pytorch.workspace.conv_bf16_3d import (
 )
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx_bwd import amx_backward_claims, amx_backward_scratch
 from nnmem.frontends.pytorch.workspace.conv_bf16_brgemm import brgemm_forward as bf16_brgemm_forward
+from nnmem.frontends.pytorch.workspace.conv_bf16_more import (
+    bf16_brdgmm_3d_forward,
+    bf16_grouped_forward,
+    brdgmm_3d_forward_scratch,
+)
 from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import (
     bf16_strided_backward_claims,
     bf16_strided_data_scratch,
@@ -46,6 +51,7 @@ from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import backward_claims as 
 from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import backward_scratch as gemm_bf16_backward
 from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import forward_claims as gemm_bf16_forward_claims
 from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import forward_scratch as gemm_bf16_forward
+from nnmem.frontends.pytorch.workspace.conv_grouped_strided_bwd import grouped_strided_data
 from nnmem.frontends.pytorch.workspace.conv_im2col import slow2d_backward, slow2d_forward
 from nnmem.frontends.pytorch.workspace.conv_native import (
     slow3d_backward,
@@ -107,6 +113,10 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
         return brgemm
     if backend == "mkldnn" and gemm_bf16_forward_claims(call, info):  # bfloat16 on gemm:jit: conv_gemm_bf16
         return gemm_bf16_forward(call, bias is not None)
+    if backend == "mkldnn" and bf16_grouped_forward(call, info):  # grouped bfloat16 on jit_bf16: conv_bf16_more
+        return conv_forward(x, weight, bias, out, call.groups, info.onednn_block, call.stride)
+    if backend == "mkldnn" and bf16_brdgmm_3d_forward(call, info):  # 3-D depthwise bfloat16: conv_bf16_more
+        return brdgmm_3d_forward_scratch(call, nbytes(out))
     if backend == "mkldnn_transpose" and call.dtype == torch.bfloat16:  # conv_bf16_transpose (conv_note if None)
         return transpose_forward(call, bias is not None, info) or 0
     if call.dtype != torch.float32 and not bf16_forward_modelled(call, info):
@@ -307,14 +317,20 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         # a dense strided input gradient runs brgconv_strided (3-D: the weights' gradient alone on gemm)
         strided = call.groups == 1 and bool(mask[0]) and any(s > 1 for s in call.stride)
         data_pad = (strided_bwd_data(call, torch.get_num_threads(), info.onednn_block) or 0) if strided else 0
-        jit_data = None if gemm[0] else conv_backward(grad_out, x, weight, False, call.groups,
-                                                      (mask[0], False, False), (), info.onednn_block, strided,
-                                                      data_scratchpad=data_pad)
+        grouped = grouped_strided_data(call, torch.get_num_threads(), info.onednn_block) if mask[0] else None
+        if grouped is not None:  # a grouped one on brgconv_strided too: conv_grouped_strided_bwd
+            strided, data_pad = True, grouped[0]
+        jit_data = None if gemm[0] and grouped is None else conv_backward(
+            grad_out, x, weight, False, call.groups, (mask[0], False, False), (), info.onednn_block, strided,
+            data_scratchpad=data_pad, data_weights=grouped[1] if grouped else None)
         contiguous = 0 if grad_out.is_contiguous() else nbytes(grad_out)
         return copy + (gemm_backward(call, gemm, mask, contiguous, jit_data, fresh, torch.get_num_threads(),
                                      info.onednn_block) or 0)
     strided_nhwc = call.groups == 1 and any(s > 1 for s in call.stride)
     data = (strided_bwd_data(call, torch.get_num_threads(), info.onednn_block) or 0) if strided_nhwc and mask[0] else 0
+    grouped = grouped_strided_data(call, torch.get_num_threads(), info.onednn_block) if mask[0] else None
+    if grouped is not None:  # a grouped one on brgconv_strided: conv_grouped_strided_bwd
+        strided_nhwc, data = True, grouped[0]
     scratchpad = 0
     if mask[1]:  # the weights' reduction over threads (conv_note when not sized)
         scratchpad = bwd_weights_scratch(call, bool(mask[2]), info.onednn_block, torch.get_num_threads()) or 0
@@ -325,7 +341,7 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     avx2_3d = len(call.x_shape) == 5 and bwd_weights_kernel(call, info.onednn_block) == "jit:avx2"
     return copy + conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
                                 strided_nhwc, scratchpad, first=first_3d, weights_block=8 if avx2_3d else None,
-                                data_scratchpad=data)
+                                data_scratchpad=data, data_weights=grouped[1] if grouped else None)
 
 
 CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | None]] = {

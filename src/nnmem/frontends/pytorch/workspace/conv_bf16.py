@@ -132,15 +132,16 @@ def bf16_bwd_weights_scratch(call: ConvCall, with_bias: bool, nthreads: int) -> 
 
 def bf16_backward_modelled(call: ConvCall, info: CpuInfo) -> bool:
     """Whether a bfloat16 ``convolution_backward`` is one the rules size, as measured on oneDNN's
-    ``avx512_core_bf16`` kernels at 1-4 threads: dense, NCHW, 1-D or 2-D, a kernel larger than 1x1
-    (``jit_bf16_1x1`` books other buffers), more than one output position (else an inner product runs), the
-    weights' gradient on ``jit_bf16`` (:func:`jit_bf16_bwd_weights`) and, when the input's gradient is asked
-    for, stride 1 (strided ones run ``brgconv_strided``)."""
+    ``avx512_core_bf16`` kernels at 1-4 threads: dense, NCHW, 1-D or 2-D, not a 1x1 ``jit_bf16_1x1`` takes
+    (:func:`bf16_1x1_modelled`: it books other buffers), not one ``ip_convolution`` takes
+    (:func:`.conv_gemm_bf16.inner_product_takes`), the weights' gradient on ``jit_bf16``
+    (:func:`jit_bf16_bwd_weights`) and, when the input's gradient is asked for, stride 1 (strided ones run
+    ``brgconv_strided``)."""
     if call.dtype != torch.bfloat16 or not call.backward or call.transposed or info.isa != MODELLED_ISA:
         return False
-    if torch.get_num_threads() not in MODELLED_THREADS or math.prod(call.w_shape[2:]) == 1:
-        return False
-    if math.prod(call.out_sizes) == 1:  # a kernel as large as the input runs as an inner product (brg_matmul)
+    from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import inner_product_takes  # it imports this module
+
+    if torch.get_num_threads() not in MODELLED_THREADS or bf16_1x1_modelled(call, info) or inner_product_takes(call):
         return False
     if call.grad_input and any(s != 1 for s in call.stride):
         return False

@@ -12,7 +12,6 @@ backward-weights kernels) and jit_avx512_core_bf16_1x1_conv_kernel.cpp (``init_c
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import barriers, book, div_up, round_up
 from nnmem.frontends.pytorch.workspace.conv_bf16 import _balance
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import OneByOne, bwd_weights, fwd_or_bwd_data
+from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import inner_product_takes
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
@@ -39,12 +39,12 @@ def _end_pads(call: ConvCall) -> tuple[int, ...]:
 
 
 def _candidate(call: ConvCall, info: CpuInfo) -> bool:
-    """A dense bfloat16 NCDHW convolution on ``avx512_core_bf16`` at 1-4 threads, more than one output position
-    (one position runs as an inner product), the kernel overlapping the padded input (else ``gemm``)."""
+    """A dense bfloat16 NCDHW convolution on ``avx512_core_bf16`` at 1-4 threads, not one ``ip_convolution`` takes
+    (:func:`.conv_gemm_bf16.inner_product_takes`), the kernel overlapping the padded input (else ``gemm``)."""
     return (call.dtype == torch.bfloat16 and not call.transposed and call.groups == 1 and len(call.x_shape) == 5
             and call.x_layout == "contiguous" and call.w_layout != "channels_last" and info.isa == MODELLED_ISA
-            and torch.get_num_threads() in MODELLED_THREADS and math.prod(call.out_sizes) > 1
-            and not call.kernel_outside())
+            and torch.get_num_threads() in MODELLED_THREADS and not call.kernel_outside()
+            and not inner_product_takes(call))
 
 
 def _unit_1x1(call: ConvCall) -> bool:

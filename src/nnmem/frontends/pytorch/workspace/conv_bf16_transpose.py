@@ -22,6 +22,7 @@ import torch
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import alloc_peak, book, round_up
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import OneByOne
+from nnmem.frontends.pytorch.workspace.conv_grouped_strided_bwd import bf16_plan, bf16_weights
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
@@ -246,15 +247,16 @@ def _strided_data(call: ConvCall, nthreads: int, dst_dsz: int) -> tuple[int, int
 
     if any(d != 1 for d in call.dilation) or len(call.x_shape) not in (4, 5):
         return None
-    if call.groups != 1:  # grouped: seeded draws measured up to 46 KB off this port's sequence: not sized
-        return None
+    if call.groups != 1:  # grouped (and depthwise: None): conv_grouped_strided_bwd
+        return bf16_plan(call, nthreads, dst_dsz)
     p = problem(call.x_shape, call.w_shape, call.stride, call.padding, nthreads, dst_dsz, call.groups)
     return None if p is None else scratchpad(p)
 
 
 def bf16_strided_data_scratch(call: ConvCall, nthreads: int, dst_dsz: int = _BF16) -> int | None:
-    """``brgconv_strided``'s bfloat16 backward-data scratchpad for a strided dense 1-D / 2-D / 3-D call
-    (:func:`.conv_bf16_strided_bwd.scratchpad`), or None where not sized (dilated, grouped, unit stride)."""
+    """``brgconv_strided``'s bfloat16 backward-data scratchpad for a strided dense or grouped 1-D / 2-D / 3-D call
+    (:func:`.conv_bf16_strided_bwd.scratchpad`; grouped: :func:`.conv_grouped_strided_bwd.bf16_plan`), or None
+    where not sized (dilated, depthwise, few output channels a group, unit stride)."""
     planned = _strided_data(call, nthreads, dst_dsz)
     return None if planned is None else planned[0]
 
@@ -265,6 +267,8 @@ def bf16_strided_data_weights(call: ConvCall, nthreads: int, dst_dsz: int = _BF1
     planned = _strided_data(call, nthreads, dst_dsz)
     if planned is None:
         return None
+    if call.groups != 1:  # gIhwO{ic_block}i2o: each group's output channels in VNNI pairs
+        return bf16_weights(call, planned[1])
     o, c = call.w_shape[:2]
     return round_up(o, 2) * round_up(c, planned[1]) * math.prod(call.w_shape[2:]) * _BF16
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from nnmem.frontends.pytorch.workspace._common import alloc_peak, div_up, round_up
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
+from nnmem.frontends.pytorch.workspace.conv_grouped_strided_bwd import grouped_strided_data
 
 if TYPE_CHECKING:
     from nnmem.frontends.pytorch.workspace.conv_select import ConvCall
@@ -361,8 +362,9 @@ def gemm_sized(call: ConvCall, on_gemm: tuple[bool, bool], nthr: int, simd_w: in
     if call.grad_input and call.groups == 1 and any(s > 1 for s in call.stride) and \
             strided_bwd_data(call, nthr, simd_w) is None:  # a dense one's runs brgconv_strided: sized there
         return False
-    if call.grad_input and not depthwise and any(s > 1 for s in call.stride) and _brgconv_strided(call):
-        return False  # its input's gradient runs on brgconv_strided, not sized here
+    if call.grad_input and not depthwise and any(s > 1 for s in call.stride) and _brgconv_strided(call) \
+            and grouped_strided_data(call, nthr, simd_w) is None:
+        return False  # its input's gradient runs on brgconv_strided, sized by conv_grouped_strided_bwd or not
     return not on_gemm[1] or bwd_weights_scratchpad(j, nthr, simd_w) is not None
 
 

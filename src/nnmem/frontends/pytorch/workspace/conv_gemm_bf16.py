@@ -114,13 +114,16 @@ def forward_scratchpad(j: GemmConv, nthr: int) -> int | None:
     """Bytes of ``gemm_bf16_convolution_fwd_t``'s nchw scratchpad: per thread of outer threading, float32
     accumulators of ``oc_block * os_block`` (rounded to a cache line) and bfloat16 columns of
     ``ic_block * ks * os_block``, and the bias in float32; None where the blocking hangs on the L2 size or on
-    float rounding, or where the columns are skipped (a 1x1 unit-stride kernel: another search)."""
-    im2col = not j.trivial
-    if not im2col:
-        return None
+    float rounding, or where the columns are skipped (an unpadded 1x1 unit-stride kernel) and the blocking search
+    still runs (2-D, ``ic / oc < 42`` and ``ic * oc * is < 1024``)."""
     spatial, k = j.mb * j.ngroups * j.od * j.os, j.ic * j.ks
-    blocking = not j.is_3d and (spatial >= nthr * _SIMD_W or j.os < j.mb * j.ngroups * j.od
-                                or (j.strides[2] == 1 and k <= 0.05 * j.oc))
+    if j.trivial:  # no columns: the blocking search only under its "heuristic condition" (not followed here)
+        if not j.is_3d and j.ic // j.oc < 42 and j.ic * j.oc * j.is_ < 1024:
+            return None
+        blocking = False
+    else:
+        blocking = not j.is_3d and (spatial >= nthr * _SIMD_W or j.os < j.mb * j.ngroups * j.od
+                                    or (j.strides[2] == 1 and k <= 0.05 * j.oc))
     if blocking:
         found = {_blocking(j, nthr, l2 // _BF16) for l2 in L2_CANDIDATES}
         if len(found) != 1 or None in found:
@@ -138,7 +141,7 @@ def forward_scratchpad(j: GemmConv, nthr: int) -> int | None:
         icb, ocb, osb, threads = j.ic, j.oc, j.os, nthr if outer else 1
     pad = book(threads * round_up(ocb * osb, _CACHELINE_FLOATS) * _F32)
     pad += book(j.ngroups * j.oc * _F32) if j.with_bias else 0
-    pad += book(threads * icb * j.ks * osb * _BF16)
+    pad += 0 if j.trivial else book(threads * icb * j.ks * osb * _BF16)
     return pad if pad <= _limit(j, nthr) else None
 
 
@@ -243,14 +246,35 @@ def _depthwise(call: ConvCall) -> bool:
     return call.groups == call.x_shape[1] == call.w_shape[0] > 1
 
 
+def jit_1x1_takes(call: ConvCall) -> bool:
+    """Whether ``jit_bf16_1x1`` (jit_avx512_core_bf16_1x1_conv_kernel.cpp ``init_conf``, after ``rtus_prepare`` in
+    jit_uni_1x1_conv_utils.hpp) takes a call: one group, a 1x1 kernel, no padding, and unit stride, or in 1-D and
+    2-D a stride whose output tiles the input (``rtus`` gathers the source at unit stride)."""
+    if call.groups != 1 or math.prod(call.w_shape[2:]) != 1 or any(call.padding):
+        return False
+    if len(call.x_shape) == 5:
+        return all(s == 1 for s in call.stride)
+    return all(o * s == i for o, s, i in zip(call.out_sizes, call.stride, call.x_shape[2:]))
+
+
+def inner_product_takes(call: ConvCall) -> bool:
+    """Whether ``ip_convolution`` (src/cpu/x64/ip_convolution.cpp ``check_conv_ip``, listed before the
+    convolution kernels in every direction) runs a call as an inner product: one group, no dilation or padding,
+    unit stride and one output position (a kernel as large as the input), a batch above 1 and more than 27 taps
+    (its "performant" heuristic on AVX-512)."""
+    return (call.groups == 1 and not any(call.padding) and all(d == 1 for d in call.dilation)
+            and all(s == 1 for s in call.stride) and math.prod(call.out_sizes) == 1 and call.x_shape[0] > 1
+            and math.prod(call.w_shape[2:]) > 27)
+
+
 def _shape_ok(call: ConvCall, info: CpuInfo) -> bool:
-    """A bfloat16 nchw (1-D, 2-D or 3-D) direct convolution, not 1x1, more than one output position (else an
-    inner product may run), on ``avx512_core_bf16`` at 1-4 threads."""
+    """A bfloat16 nchw (1-D, 2-D or 3-D) direct convolution ``jit_bf16_1x1`` refuses (:func:`jit_1x1_takes`), on
+    ``avx512_core_bf16`` at 1-4 threads, not one :func:`inner_product_takes`."""
     if call.dtype != torch.bfloat16 or call.transposed or info.isa != MODELLED_ISA:
         return False
     if torch.get_num_threads() not in MODELLED_THREADS or (call.x_layout, call.w_layout) != ("contiguous",) * 2:
         return False
-    return math.prod(call.w_shape[2:]) > 1 and math.prod(call.out_sizes) > 1
+    return not jit_1x1_takes(call) and not inner_product_takes(call)
 
 
 def _jcp(call: ConvCall, bias: bool) -> GemmConv:
@@ -259,10 +283,12 @@ def _jcp(call: ConvCall, bias: bool) -> GemmConv:
 
 def _jit_fwd_or_dw_takes(call: ConvCall) -> bool:
     """Whether another kernel takes the forward: ``jit_dw`` a 2-D depthwise one
-    (:func:`.conv_bf16._dw_forward_takes`), ``brdgmm_dw`` a 3-D one (on ndhwc, measured), else ``jit_bf16``
-    (:func:`_jit_fwd_takes`)."""
+    (:func:`.conv_bf16._dw_forward_takes`), ``brdgmm_dw`` an undilated 3-D one (on ndhwc, jit_brdgmm_dw_conv.cpp
+    ``init_conf`` refuses dilations), else ``jit_bf16`` (:func:`_jit_fwd_takes`)."""
     if _depthwise(call):
-        return len(call.x_shape) != 4 or _dw_forward_takes(call)
+        if len(call.x_shape) != 4:
+            return all(d == 1 for d in call.dilation)
+        return _dw_forward_takes(call)
     return _jit_fwd_takes(call)
 
 
@@ -295,13 +321,19 @@ def forward_scratch(call: ConvCall, with_bias: bool) -> int:
 
 def _data_kernel(call: ConvCall) -> str | None:
     """Where the input's gradient runs: "gemm", "jit" (``jit_bf16``, or ``jit_dw`` for an undilated 2-D depthwise
-    one; sized by :func:`.conv_onednn.conv_backward`), "strided" (``brgconv_strided``, a dense strided one
-    :func:`.conv_bf16_transpose.bf16_strided_data_scratch` sizes) or None where not sized here."""
+    one; sized by :func:`.conv_onednn.conv_backward`), "strided" (``brgconv_strided``, a dense or grouped strided
+    one :func:`.conv_bf16_transpose.bf16_strided_data_scratch` sizes) or None where not sized here."""
     from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import bf16_strided_data_scratch
+    from nnmem.frontends.pytorch.workspace.conv_grouped_strided_bwd import bf16_small_oc_kernel
     from nnmem.frontends.pytorch.workspace.conv_select import grouped_block
 
     if any(s != 1 for s in call.stride):
-        if call.groups > 1 or bf16_strided_data_scratch(call, torch.get_num_threads()) is None:
+        if call.groups == 1 and any(d > 1 and s > 1 for d, s in zip(call.dilation, call.stride)):
+            return "gemm"  # brgconv_strided takes no dilation, jit_bf16's dilate_ok none beside a stride
+        small_oc = bf16_small_oc_kernel(call)  # grouped, few output channels a group: conv_grouped_strided_bwd
+        if small_oc is not None:
+            return small_oc
+        if bf16_strided_data_scratch(call, torch.get_num_threads()) is None:  # grouped: conv_grouped_strided_bwd
             return None
         return "strided"
     if _depthwise(call):  # jit_dw takes no dilation; jit_bf16 no depthwise (no channel block)

@@ -30,8 +30,8 @@ from nnmem.frontends.pytorch.workspace.conv_bf16 import (
 from nnmem.frontends.pytorch.workspace.conv_bf16_3d import bf16_3d_claims
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx import forward_scratch as amx_forward_scratch
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx_bwd import amx_backward_claims
-from nnmem.frontends.pytorch.workspace.conv_bf16_more import bf16_grouped_forward
 from nnmem.frontends.pytorch.workspace.conv_bf16_brgemm import brgemm_forward as bf16_brgemm_forward
+from nnmem.frontends.pytorch.workspace.conv_bf16_more import bf16_more_claims
 from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import (
     bf16_strided_backward_claims,
     bf16_transpose_claims,
@@ -188,9 +188,10 @@ def bf16_forward_modelled(call: ConvCall, info: CpuInfo) -> bool:
     (:func:`.conv_onednn.conv_forward`: blocked source and weights, blocked destination, its dense copy), as
     measured on oneDNN's ``avx512_core_bf16`` kernels at 1-4 threads: a dense (one group) NCHW forward in 1-D or
     2-D that ``jit_bf16_1x1`` refuses (:func:`.conv_gemm_bf16.jit_1x1_takes`; a strided 1x1 whose output does not
-    tile the input runs ``jit_bf16``) nor ``ip_convolution`` (:func:`.conv_gemm_bf16.inner_product_takes`), and a padding ``jit_bf16`` takes
-    (:func:`_jit_bf16_forward_pads`). Other bfloat16 convolutions (1x1 and depthwise: their own rules; grouped,
-    channels-last, 3-D, transposed) measured otherwise and keep their note or another rule."""
+    tile the input runs ``jit_bf16``) nor ``ip_convolution`` (:func:`.conv_gemm_bf16.inner_product_takes`), and a
+    padding ``jit_bf16`` takes (:func:`_jit_bf16_forward_pads`). Other bfloat16 convolutions (1x1 and depthwise:
+    their own rules; grouped, channels-last, 3-D, transposed) measured otherwise and keep their note or another
+    rule."""
     if call.dtype != torch.bfloat16 or call.backward or call.transposed or call.groups != 1:
         return False
     if len(call.x_shape) != 4 or call.x_layout != "contiguous" or info.isa != MODELLED_ISA:
@@ -414,9 +415,9 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
             and not amx_backward_claims(call, info) and not bf16_3d_claims(call, info) \
             and not gemm_bf16_claims(call, info) and bf16_brgemm_forward(call, info) is None \
             and not bf16_transpose_claims(call, info) and not bf16_strided_backward_claims(call, info) \
-            and not bf16_grouped_forward(call, info):
+            and not bf16_more_claims(call, info):
         return f"{kind} convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
-    if gemm_bf16_claims(call, info) or bf16_grouped_forward(call, info):  # sized whole: no other kernel's note
+    if gemm_bf16_claims(call, info) or bf16_more_claims(call, info):  # sized whole: no other kernel's note
         return None
     # A channels-last input is modelled (the Keras-torch zoo's NHWC convolutions measure exact); other strides
     # are not.
