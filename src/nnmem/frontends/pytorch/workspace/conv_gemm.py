@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -154,19 +154,29 @@ def forward_scratchpad(j: GemmConv, nthr: int, simd_w: int) -> int | None:
 
 
 def _blocked_im2col(j: GemmConv, nthr: int, simd_w: int, l2: int) -> int | None:
-    """``icb * ks * osb`` the nchw forward's blocking search settles on (``try_cfg`` / ``explore_cfg``), or None
-    where two choices of other columns score within float rounding of the best."""
+    """``icb * ks * osb`` the nchw forward's blocking search settles on, or None where two choices of other
+    columns score within float rounding of the best (:func:`blocking_search`)."""
+    found = blocking_search(j, nthr, simd_w, l2, lambda icb, ocb, osb: icb * osb)
+    return None if found is None else found[0] * found[2] * j.ks
+
+
+def blocking_search(j: GemmConv, nthr: int, simd_w: int, l2: int,
+                    key: Callable[[int, int, int], object]) -> tuple[int, int, int] | None:
+    """``(icb, ocb, osb)`` the nchw forward's blocking search settles on (``try_cfg`` / ``explore_cfg`` in
+    ``init_conf``), ``l2`` in elements; None where another choice scores within float rounding of the best and
+    gives the caller's buffers (``key`` of the blocks) other sizes. float32 (:func:`_blocked_im2col`) and
+    bfloat16 (:mod:`.conv_gemm_bf16`) share it with their own ``simd_w`` and element size."""
     sh, sw = j.strides[1], j.strides[2]
     spatial = j.mb * j.ngroups * j.od * j.os
-    tried: list[tuple[float, int]] = []
-    best_eff, best = 0.0, {"ocb": 1, "osb": 1, "icb": j.ic}
+    tried: list[tuple[float, object]] = []
+    best_eff, best = 0.0, (j.ic, 1, 1)
 
     def try_cfg(nthr_oc: int, ocb: int, osb: int) -> None:
         nonlocal best_eff, best
         eff, ocb, osb, icb = _score(j, nthr, simd_w, l2, nthr_oc, ocb, osb)
-        tried.append((eff, icb * osb))
+        tried.append((eff, key(icb, ocb, osb)))
         if eff > best_eff:
-            best_eff, best = eff, {"ocb": ocb, "osb": osb, "icb": icb}
+            best_eff, best = eff, (icb, ocb, osb)
 
     def explore(nthr_oc: int, ocb: int, osb: int) -> None:
         try_cfg(nthr_oc, ocb, osb)
@@ -176,10 +186,9 @@ def _blocked_im2col(j: GemmConv, nthr: int, simd_w: int, l2: int) -> int | None:
         try_cfg(nthr_oc, round_up(ocb, 8), round_up(osb, 48))
 
     for nthr_oc in range(1, nthr + 1):
-        max_oc = div_up(j.oc, nthr_oc)
-        max_os = div_up(spatial, nthr // nthr_oc)
+        max_oc, max_os = div_up(j.oc, nthr_oc), div_up(spatial, nthr // nthr_oc)
         try_cfg(nthr_oc, max_oc, max_os)
-        if best["ocb"] == max_oc and best["osb"] == max_os and best["icb"] == j.ic:
+        if best == (j.ic, max_oc, max_os):
             continue
         a_k, b_k = sh * sw + j.ks, j.ks * max_oc
         icb = j.ic  # note 1
@@ -201,10 +210,10 @@ def _blocked_im2col(j: GemmConv, nthr: int, simd_w: int, l2: int) -> int | None:
         ocb, icb = max_oc, j.ic  # note 3
         osb = max(simd_w, _rnd_dn(_tdiv(l2 - b_k * icb, a_k * icb + ocb), simd_w))
         explore(nthr_oc, ocb, osb)
-    chosen = best["icb"] * best["osb"]
-    if any(abs(eff - best_eff) <= _TIE * best_eff and cols != chosen for eff, cols in tried):
+    chosen = key(*best)
+    if any(abs(eff - best_eff) <= _TIE * best_eff and got != chosen for eff, got in tried):
         return None
-    return chosen * j.ks
+    return best
 
 
 def _score(j: GemmConv, nthr: int, simd_w: int, l2: int, nthr_oc: int, ocb: int,

@@ -26,10 +26,7 @@ from nnmem.frontends.pytorch.workspace.conv_gemm import (
     L2_CANDIDATES,
     GemmConv,
     _f32,
-    _rnd_dn,
-    _sat,
-    _score,
-    _tdiv,
+    blocking_search,
     gemm_conv,
 )
 from nnmem.frontends.pytorch.workspace.matmul import MODELLED_ISA, MODELLED_THREADS
@@ -41,7 +38,6 @@ _BF16, _F32 = 2, 4
 _SIMD_W = 32  # init_conf's simd_w: vlen / data_size, bfloat16 lanes of a zmm
 _CACHELINE_FLOATS = 16  # sizeof_cacheline_float
 _BLOCK = 16  # jit_bf16's channel block
-_TIE = 1e-5  # relative distance under which two blocking choices count as tied (float vs double rounding)
 
 
 def _limit(j: GemmConv, nthr: int) -> int:
@@ -55,59 +51,11 @@ def _wei(j: GemmConv) -> int:
 
 
 def _blocking(j: GemmConv, nthr: int, l2: int) -> tuple[int, int, int] | None:
-    """``(icb, ocb, osb)`` the nchw forward's blocking search settles on (``try_cfg`` / ``explore_cfg`` with
-    im2col), ``l2`` in elements; None where another choice of other buffers scores within float rounding."""
-    sh, sw = j.strides[1], j.strides[2]
-    spatial, simd_w = j.mb * j.ngroups * j.od * j.os, _SIMD_W
-    tried: list[tuple[float, tuple[int, int]]] = []
-    best_eff, best = 0.0, (j.ic, 1, 1)
-
-    def sizes(icb: int, ocb: int, osb: int) -> tuple[int, int]:
-        return icb * osb, round_up(ocb * osb, _CACHELINE_FLOATS)
-
-    def try_cfg(nthr_oc: int, ocb: int, osb: int) -> None:
-        nonlocal best_eff, best
-        eff, ocb, osb, icb = _score(j, nthr, simd_w, l2, nthr_oc, ocb, osb)
-        tried.append((eff, sizes(icb, ocb, osb)))
-        if eff > best_eff:
-            best_eff, best = eff, (icb, ocb, osb)
-
-    def explore(nthr_oc: int, ocb: int, osb: int) -> None:
-        try_cfg(nthr_oc, ocb, osb)
-        try_cfg(nthr_oc, _rnd_dn(ocb, 8), _rnd_dn(osb, 48))
-        try_cfg(nthr_oc, round_up(ocb, 8), _rnd_dn(osb, 48))
-        try_cfg(nthr_oc, round_up(ocb, 8), round_up(osb, simd_w))
-        try_cfg(nthr_oc, round_up(ocb, 8), round_up(osb, 48))
-
-    for nthr_oc in range(1, nthr + 1):
-        max_oc, max_os = div_up(j.oc, nthr_oc), div_up(spatial, nthr // nthr_oc)
-        try_cfg(nthr_oc, max_oc, max_os)
-        if best == (j.ic, max_oc, max_os):
-            continue
-        a_k, b_k = sh * sw + j.ks, j.ks * max_oc
-        icb = j.ic  # note 1
-        ocb = _sat(8, max_oc, _tdiv(l2 - a_k * icb * simd_w - b_k * icb, simd_w))
-        osb = _sat(simd_w, max_os, _tdiv(l2 - b_k * icb, a_k * icb + ocb))
-        explore(nthr_oc, ocb, osb)
-        icb_max = max(1, l2 // (2 * 8 * a_k + 2 * b_k))  # note 2
-        if icb_max < j.ic:
-            icb = j.ic // max(1, j.ic // icb_max)
-            osb = max(1, _tdiv(l2 - 2 * b_k * icb, 2 * icb * a_k))
-            ocb = l2 // 2 // osb
-            if ocb > max_oc:
-                ocb = max_oc
-                osb = _sat(simd_w, max_os, _tdiv(l2 - b_k * icb, a_k * icb + ocb))
-            elif osb > max_os:
-                osb = max_os
-                ocb = _sat(8, max_oc, _tdiv(l2 - a_k * icb * osb - b_k * icb, osb))
-            explore(nthr_oc, ocb, osb)
-        ocb, icb = max_oc, j.ic  # note 3
-        osb = max(simd_w, _rnd_dn(_tdiv(l2 - b_k * icb, a_k * icb + ocb), simd_w))
-        explore(nthr_oc, ocb, osb)
-    chosen = sizes(*best)
-    if any(abs(eff - best_eff) <= _TIE * best_eff and got != chosen for eff, got in tried):
-        return None
-    return best
+    """``(icb, ocb, osb)`` the nchw forward's blocking search settles on (:func:`.conv_gemm.blocking_search`
+    with bfloat16's ``simd_w``), ``l2`` in elements; None where another choice of other buffers (columns, float32
+    accumulators) scores within float rounding."""
+    return blocking_search(j, nthr, _SIMD_W, l2,
+                           lambda icb, ocb, osb: (icb * osb, round_up(ocb * osb, _CACHELINE_FLOATS)))
 
 
 def forward_scratchpad(j: GemmConv, nthr: int) -> int | None:
