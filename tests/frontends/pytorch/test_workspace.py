@@ -347,3 +347,27 @@ def test_strided_1d_input_is_made_contiguous_first() -> None:
         x = torch.randn(2, 100, 16, dtype=dtype).transpose(1, 2)
         (row,) = _ops(_infer_step(conv, x), "aten.conv1d.default", training=False)
         assert row.predicted == row.scratch >= 2 * 16 * 100 * x.element_size(), (dtype, row)
+
+
+def test_per_core_cache_counts_cores_not_smt_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN's ``get_per_core_cache_size`` divides a cache by the cores sharing it (xbyak counts an SMT core's
+    threads once): a 2 MiB L2 shared by cpu0 and its SMT sibling cpu2 is 2 MiB per core; a 32 MiB L3 over four
+    CPUs on two cores is 16 MiB; a level sysfs does not list falls back to oneDNN's guess."""
+    from nnmem.frontends.pytorch.workspace import _common
+
+    for number, core in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        topology = tmp_path / f"cpu{number}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text("0\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    for index, (level, kind, size, shared) in enumerate(((2, "Unified", "2048K", "0,2"),
+                                                         (3, "Unified", "32M", "0-3"))):
+        cache = tmp_path / "cpu0" / "cache" / f"index{index}"
+        cache.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+            (cache / name).write_text(f"{value}\n")
+    monkeypatch.setattr(_common, "_SYS_CPU", tmp_path)
+    uncached = _common.per_core_cache.__wrapped__
+    assert uncached(2) == 2 << 20
+    assert uncached(3) == 16 << 20
+    assert uncached(1) == 32 * 1024

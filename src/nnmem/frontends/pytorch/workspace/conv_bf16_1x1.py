@@ -12,35 +12,18 @@ jit_uni_1x1_conv_utils.hpp ``rtus_prepare`` / ``rtus_prepare_space_info`` (``bes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from nnmem.frontends.pytorch.workspace._common import barriers, book, round_up
+from nnmem.frontends.pytorch.workspace._common import barriers, book, per_core_cache, round_up
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _div_up, best_divider
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import as_float32 as _f32
 
 _BLOCK = 16
 _BF16, _F32 = 2, 4
-_L2_GUESS = 512 * 1024  # platform::get_per_core_cache_size's guess when the CPU does not say
 
 
 def l2_per_core() -> int:
-    """Bytes of L2 cache per core (``platform::get_per_core_cache_size(2)``) from sysfs: the level-2 data or
-    unified cache of cpu0 over the CPUs that share it; oneDNN's 512 KiB guess where sysfs does not say."""
-    root = Path("/sys/devices/system/cpu/cpu0/cache")
-    try:
-        for index in sorted(root.glob("index*")):
-            if (index / "level").read_text().strip() != "2" or (index / "type").read_text().strip() == "Instruction":
-                continue
-            size = (index / "size").read_text().strip().upper()
-            factor = {"K": 1024, "M": 1024 * 1024}.get(size[-1], 1)
-            shared = 0
-            for part in (index / "shared_cpu_list").read_text().strip().split(","):
-                lo, _, hi = part.partition("-")
-                shared += int(hi or lo) - int(lo) + 1
-            return int(size.rstrip("KM")) * factor // max(shared, 1)
-    except (OSError, ValueError):
-        pass
-    return _L2_GUESS
+    """Bytes of L2 cache per core (``platform::get_per_core_cache_size(2)``, :func:`._common.per_core_cache`)."""
+    return per_core_cache(2)
 
 
 @dataclass(frozen=True, slots=True)

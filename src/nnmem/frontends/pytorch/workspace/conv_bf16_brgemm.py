@@ -16,13 +16,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from nnmem.cpu import CpuInfo
-from nnmem.frontends.pytorch.workspace._common import div_up, round_up
+from nnmem.frontends.pytorch.workspace._common import div_up, per_core_cache, round_up
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import l2_per_core
 from nnmem.frontends.pytorch.workspace.conv_bf16_amx import Problem, _grid_coverage, _inp_size, trans_dim_koef
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import as_float32 as _f32
@@ -36,27 +35,12 @@ _BATCH_ELEMENT = 40  # sizeof(brgemm_batch_element_t)
 _SIMD, _ACC_SIMD, _VNNI, _REGS = 32, 16, 2, 32  # bf16 lanes of a zmm, f32 lanes, VNNI pair, zmm registers
 _BF16, _F32 = 2, 4
 _L1_K, _L2_K, _MEM_K = 1.0, 2.3, 17.0  # init_jcp's access costs (L3_k equals mem_k)
-_L1_GUESS = 32 * 1024  # platform::get_per_core_cache_size's guess when the CPU does not say
-
-
-@cache
-def _l1_per_core() -> int:
-    """Bytes of L1 data cache per core (``platform::get_per_core_cache_size(1)``) from sysfs."""
-    root = Path("/sys/devices/system/cpu/cpu0/cache")
-    try:
-        for index in sorted(root.glob("index*")):
-            if (index / "level").read_text().strip() == "1" and (index / "type").read_text().strip() == "Data":
-                size = (index / "size").read_text().strip().upper()
-                return int(size.rstrip("KM")) * {"K": 1024, "M": 1024 * 1024}.get(size[-1], 1)
-    except (OSError, ValueError):
-        pass
-    return _L1_GUESS
 
 
 @cache
 def _caches() -> tuple[int, int, int]:
     """``(L1 for brgemm_blocking, brg_blocking_t::L1, brg_blocking_t::L2)``: the whole L1, 7/8 of it, 3/4 of L2."""
-    l1 = _l1_per_core()
+    l1 = per_core_cache(1)
     return l1, l1 * 7 // 8, l2_per_core() * 3 // 4
 
 

@@ -15,9 +15,9 @@ import copy
 import math
 from dataclasses import dataclass
 
-from nnmem.frontends.pytorch.workspace._common import div_up, round_up
+from nnmem.frontends.pytorch.workspace._common import div_up, per_core_cache, round_up
 from nnmem.frontends.pytorch.workspace.conv_bf16_1x1 import l2_per_core
-from nnmem.frontends.pytorch.workspace.conv_bf16_brgemm import _l1_per_core, vmm_blocking
+from nnmem.frontends.pytorch.workspace.conv_bf16_brgemm import vmm_blocking
 
 _P4K = 4096
 _BATCH_ELEMENT = 40  # sizeof(brgemm_batch_element_t)
@@ -124,7 +124,7 @@ def _io_k(s: _State, sizes: tuple[int, int, int], n: float, pk: float, broadcast
         return pk
     src, wei, dst = sizes
     amount = src * 2 + wei * 2 + dst * s.dst_dsz + (dst * 4 if s.use_buffer else 0)
-    l1, l2 = _l1_per_core(), l2_per_core()
+    l1, l2 = per_core_cache(1), l2_per_core()
     k = _L2_K if amount < l2 else _L3_K if shared else _MEM_K
     if broadcast and src * 2 < l1:  # a broadcast array fitting L1
         k = _L1_K
