@@ -37,7 +37,7 @@ from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import (
     bf16_transpose_claims,
 )
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
-from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, dw_jit_bwd_weights
+from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _direct_refuses, bwd_weights_kernel, dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_gemm import dw_forward_refuses, gemm_sized
 from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import gemm_bf16_claims, inner_product_takes, jit_1x1_takes
 from nnmem.frontends.pytorch.workspace.conv_grouped_strided_bwd import grouped_strided_claims
@@ -360,7 +360,11 @@ def onednn_gemm(call: ConvCall, info: CpuInfo) -> tuple[bool, bool]:
         return True, True
     block = grouped_block(c // g, o // g, info.onednn_block)
     data = block is None or block == 4 and info.onednn_block < 16  # jit_avx2 takes blocks of 8 only
-    return data, block is None or block == 4
+    # 3-D: a padding the AVX-512 direct kernel refuses sends a 16-channel-block weights' gradient to gemm (measured;
+    # 2-D ones measured otherwise: not followed)
+    refused = (call.backward and len(call.x_shape) == 5 and block == 16 and info.onednn_block == 16
+               and _direct_refuses(call, True))
+    return data, block is None or block == 4 or refused
 
 
 def _avx2_flat(call: ConvCall) -> bool:
