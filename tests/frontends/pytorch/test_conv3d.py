@@ -88,17 +88,26 @@ def _few_channels(rng: random.Random) -> tuple[nn.Conv3d, torch.Tensor]:
     return conv, torch.randn(n, c, size, size, size).requires_grad_(rng.random() < 0.5)
 
 
-def test_conv3d_weights_gradient_on_avx2_and_gemm(torch_threads: Callable[[int], None]) -> None:
-    """3-D weights' gradients the AVX-512 direct kernel refuses run ``jit:avx2`` (nCdhw8c, no depth padding) or
-    oneDNN's gemm (conv_gemm.py), beside the input's gradient on the direct kernels or ``brgconv_strided``: every
-    claimed ``convolution_backward`` equals the allocator's peak inside it minus its outputs at 1-4 threads, and
-    most are claimed on AVX-512 (they carried a note before)."""
+def _grouped_16(rng: random.Random) -> tuple[nn.Conv3d, torch.Tensor]:
+    """A grouped ncdhw float32 3-D convolution of 16-channel groups (2-3 groups, kernel 1-3, paddings up to the
+    kernel less one), its input asking for its gradient half the time."""
+    g, k = rng.choice([2, 3]), rng.choice([1, 2, 3])
+    pad = rng.choice([0, 1, k // 2, k - 1])
+    size = max(rng.choice([2, 3, 4, 6]), k - 2 * pad)
+    conv = nn.Conv3d(g * 16, g * rng.choice([16, 32]), k, 1, pad, groups=g, bias=rng.random() < 0.5)
+    return conv, torch.randn(rng.choice([1, 2, 4]), g * 16, size, size, size).requires_grad_(rng.random() < 0.5)
+
+
+def _backward_mismatches(draw: Callable[[random.Random], tuple[nn.Conv3d, torch.Tensor]], seed: int, draws: int,
+                         torch_threads: Callable[[int], None]) -> tuple[int, list[str]]:
+    """``(ops claimed, mismatches)`` over the ``convolution_backward`` ops without a note of ``draws`` seeded
+    training steps at 1-4 threads: each rule against the allocator's peak inside the op minus its outputs."""
     if HOST.onednn_block != 16:
         pytest.skip(f"the 3-D backward rules are measured on AVX-512; this CPU runs oneDNN at {HOST.isa}")
-    rng, claimed, failures = random.Random(4), 0, []
-    for _ in range(40):
+    rng, claimed, failures = random.Random(seed), 0, []
+    for _ in range(draws):
         torch_threads(rng.randint(1, 4))
-        conv, x = _few_channels(rng)
+        conv, x = draw(rng)
 
         def step(conv: nn.Module = conv, x: torch.Tensor = x) -> None:
             conv(x).sum().backward()
@@ -109,6 +118,15 @@ def test_conv3d_weights_gradient_on_avx2_and_gemm(torch_threads: Callable[[int],
                 if row.predicted != row.scratch:
                     failures.append(f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} grad_input="
                                     f"{x.requires_grad}: measured {row.scratch:,} B, rule {row.predicted:,} B")
+    return claimed, failures
+
+
+def test_conv3d_weights_gradient_on_avx2_and_gemm(torch_threads: Callable[[int], None]) -> None:
+    """3-D weights' gradients the AVX-512 direct kernel refuses run ``jit:avx2`` (nCdhw8c, no depth padding) or
+    oneDNN's gemm (conv_gemm.py), beside the input's gradient on the direct kernels or ``brgconv_strided``: every
+    claimed ``convolution_backward`` equals the allocator's peak inside it minus its outputs at 1-4 threads, and
+    most are claimed on AVX-512 (they carried a note before)."""
+    claimed, failures = _backward_mismatches(_few_channels, 4, 40, torch_threads)
     assert not failures, "\n".join(failures)
     assert claimed >= 30, claimed
 
@@ -119,25 +137,6 @@ def test_conv3d_grouped_weights_gradient_on_gemm_where_the_direct_kernel_refuses
     or on gemm where that kernel refuses the padding (a 3x3x3 kernel padded by 1 on a 2x2x2 input measured
     679,168 B where the direct rule said 84,672 B): every claimed ``convolution_backward`` equals the allocator's
     peak inside it minus its outputs at 1-4 threads, and most are claimed on AVX-512."""
-    if HOST.onednn_block != 16:
-        pytest.skip(f"the 3-D backward rules are measured on AVX-512; this CPU runs oneDNN at {HOST.isa}")
-    rng, claimed, failures = random.Random(3), 0, []
-    for _ in range(30):
-        torch_threads(rng.randint(1, 4))
-        g, k = rng.choice([2, 3]), rng.choice([1, 2, 3])
-        pad = rng.choice([0, 1, k // 2, k - 1])
-        size = max(rng.choice([2, 3, 4, 6]), k - 2 * pad)
-        conv = nn.Conv3d(g * 16, g * rng.choice([16, 32]), k, 1, pad, groups=g, bias=rng.random() < 0.5)
-        x = torch.randn(rng.choice([1, 2, 4]), g * 16, size, size, size).requires_grad_(rng.random() < 0.5)
-
-        def step(conv: nn.Module = conv, x: torch.Tensor = x) -> None:
-            conv(x).sum().backward()
-
-        for row in calibrate.measure_ops(step, training=True):
-            if row.name.startswith("aten.convolution_backward") and row.note is None:
-                claimed += 1
-                if row.predicted != row.scratch:
-                    failures.append(f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)}: measured "
-                                    f"{row.scratch:,} B, rule {row.predicted:,} B")
+    claimed, failures = _backward_mismatches(_grouped_16, 3, 30, torch_threads)
     assert not failures, "\n".join(failures)
     assert claimed >= 20, claimed
