@@ -9,6 +9,7 @@ backward: ``aten.convolution_backward``. The kernel choice is :mod:`.conv_select
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -334,9 +335,12 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     scratchpad = 0
     if mask[1]:  # the weights' reduction over threads (conv_note when not sized)
         scratchpad = bwd_weights_scratch(call, bool(mask[2]), info.onednn_block, torch.get_num_threads()) or 0
-    first_3d = None  # a strided 3-D 1x1 one runs the direct kernel, which reads 1 to 3 channels on ncdhw
-    if len(call.x_shape) == 5 and call.w_shape[2:] == (1, 1, 1) and any(s > 1 for s in call.stride):
-        first_3d = call.x_shape[1] <= 3
+    # a strided 1x1 one on the direct kernel (3-D; 2-D below AVX-512 where its output does not tile the input)
+    # reads 1 to 3 channels on nc(d)hw (3 on jit:avx2)
+    first_3d = None
+    if math.prod(call.w_shape[2:]) == 1 and any(s > 1 for s in call.stride) and \
+            bwd_weights_kernel(call, info.onednn_block) in ("jit:avx2", "jit:avx512_core"):
+        first_3d = call.x_shape[1] <= 3 if info.onednn_block == 16 else call.x_shape[1] == 3
     # 3-D on jit:avx2 (4 to 15 channels): 8-channel blocks, 1x1 kernels too (2-D ones run jit_1x1)
     avx2_3d = len(call.x_shape) == 5 and bwd_weights_kernel(call, info.onednn_block) == "jit:avx2"
     return copy + conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,

@@ -16,7 +16,11 @@ import torch
 from nnmem.cpu import CpuInfo
 from nnmem.frontends.pytorch.workspace._common import NOT_MODELLED
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
-from nnmem.frontends.pytorch.workspace.conv_bwd_weights import _direct_refuses, bwd_weights_kernel
+from nnmem.frontends.pytorch.workspace.conv_bwd_weights import (
+    _direct_refuses,
+    avx2_bwd_data_refuses,
+    bwd_weights_kernel,
+)
 from nnmem.frontends.pytorch.workspace.conv_gemm import gemm_sized
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
@@ -42,9 +46,12 @@ def onednn_3d_backward(call: ConvCall, info: CpuInfo, backend: str) -> bool:
     per group in 3-D (``oc % oc_block`` in ``init_conf``; ``gemm`` below, where 2-D runs ``jit:avx2``). The
     grouped strided input gradient and the grouped reduction over spare threads keep conv_note's notes."""
     if not (backend == "mkldnn" and len(call.x_shape) == 5 and call.backward and call.dtype == torch.float32
-            and call.x_layout == "contiguous" and info.onednn_block == 16):
+            and call.x_layout == "contiguous"):
         return False
+    block, nthreads = info.onednn_block, torch.get_num_threads()
     if call.groups > 1:
+        if block != 16:
+            return False
         c, o, g = call.x_shape[1], call.w_shape[0], call.groups
         if g == c == o or call.kernel_outside() or any(d != 1 for d in call.dilation):
             return False
@@ -52,10 +59,12 @@ def onednn_3d_backward(call: ConvCall, info: CpuInfo, backend: str) -> bool:
         # where the grouped jit rule said 84,672 B: a 3x3x3 kernel padded by 1 on a 2x2x2 input)
         return c // g % 16 == 0 and o // g % 16 == 0 and (
             not _direct_refuses(call, True) or gemm_sized(call, (False, True), torch.get_num_threads(), 16))
-    if call.grad_input and (call.kernel_outside() if all(s == 1 for s in call.stride) else
-                            strided_bwd_data(call, torch.get_num_threads(), 16) is None):
+    unit = all(s == 1 for s in call.stride)
+    if call.grad_input and unit and block == 8 and avx2_bwd_data_refuses(call):  # both gradients on gemm
+        return bwd_weights_kernel(call, block) is None and gemm_sized(call, (True, True), nthreads, block)
+    if call.grad_input and (call.kernel_outside() if unit else strided_bwd_data(call, nthreads, block) is None):
         return False
-    return bwd_weights_kernel(call, 16) is not None or gemm_sized(call, (False, True), torch.get_num_threads(), 16)
+    return bwd_weights_kernel(call, block) is not None or gemm_sized(call, (False, True), nthreads, block)
 
 
 def ncdhw_3d_why(call: ConvCall, info: CpuInfo) -> str:
@@ -69,10 +78,9 @@ def ncdhw_3d_why(call: ConvCall, info: CpuInfo) -> str:
     if call.kernel_outside():
         return "a padding as wide as its kernel: gemm"
     if call.backward and call.groups > 1:
-        return "grouped backward: per-group channels not multiples of 16 (gemm weights' gradient) or dilated"
-    if call.backward and info.onednn_block != 16:
-        return "backward below AVX-512"
-    if call.backward and bwd_weights_kernel(call, 16) is None:
+        return ("grouped backward: per-group channels not multiples of 16 (gemm weights' gradient) or dilated"
+                if info.onednn_block == 16 else "grouped backward below AVX-512")
+    if call.backward and bwd_weights_kernel(call, info.onednn_block) is None:
         return "weights' gradient on gemm, this shape"
     return "this shape"
 

@@ -287,14 +287,16 @@ def bwd_weights_kernel(call: ConvCall, block: int, nxc: bool = False) -> str | N
     if 1 < call.groups == call.x_shape[1] == call.w_shape[0]:  # one group of one channel: a dense one
         return "jit_dw" if dw_jit_bwd_weights(call.x_shape, call.w_shape, call.stride, call.padding,
                                               call.dilation) else None
-    if call.groups != 1 or three_d and block != 16:
+    if call.groups != 1 or three_d and nxc and block != 16:
         return None
     kw = call.w_shape[-1]
     one_by_one = all(k == 1 for k in call.w_shape[2:]) and not any(call.padding)
     if one_by_one and three_d and all(s == 1 for s in call.stride):
-        return "jit_1x1:avx512_core"
+        return "jit_1x1:avx512_core" if block == 16 else "jit_1x1:avx2"
+    if three_d and block != 16:  # below AVX-512 jit:avx2 throughout, where it takes the depth, else gemm
+        return None if kw > 14 or _avx2_3d_refuses(call) or _direct_refuses(call, False) else "jit:avx2"
     if one_by_one and not three_d and not all(i % s == 0 for i, s in zip(call.x_shape[2:], call.stride)):
-        return None
+        return None if block == 16 or _direct_refuses(call, False) else "jit:avx2"  # avx2: the direct kernel
     if one_by_one and not three_d:
         return "jit_1x1:avx512_core" if block == 16 else "jit_1x1:avx2"
     if kw > 14:
@@ -338,6 +340,34 @@ def _direct_refuses(call: ConvCall, avx512: bool) -> bool:
                 or max(t_pad, b_pad) > ext_kh // 2 or max(l_pad, r_pad) > 28)
     return (dh > 1 or dw > 1 or not (t_pad < ext_kh and b_pad < ext_kh and l_pad < ext_kw and r_pad < ext_kw)
             or kh > ih or t_pad >= kh)
+
+
+def avx2_bwd_data_refuses(call: ConvCall) -> bool:
+    """Whether ``jit_avx2_conv_bwd_data_kernel_f32_t::init_conf`` (jit_avx2_conv_kernel_f32.cpp) refuses a dense
+    unit-stride nc(d)hw input gradient, which then runs on gemm: a kernel outside the source, or no width unroll
+    (at most 15 registers: ``ur_w * nb_ic_blocking + ur_w``) that covers the left overflow (the dilated kernel
+    past the left padding), or a right overflow past the unroll's tail."""
+    if call.kernel_outside():
+        return True
+    iw, kw, l_pad, dw = call.x_shape[-1], call.w_shape[-1], call.padding[-1], call.dilation[-1]
+    ext_kw = (kw - 1) * dw + 1
+    r_pad = (call.out_sizes[-1] - 1) + ext_kw - (iw + l_pad)
+    l_overflow = max(0, ext_kw - 1 - l_pad)
+    nb_ic = _div_up(call.x_shape[1], 8)
+    best, ur_w = 0, 1
+    for b in range(1, 5):
+        if nb_ic % b:
+            continue
+        u = 1
+        while u * b + u <= 15 and u < iw + 1:
+            ur = min(u, iw)
+            if not (l_overflow > ur and ur != iw) and (ur * b > best or ur * b == best and ur_w < ur):
+                ur_w, best = ur, ur * b
+            u += 1
+    if best == 0:
+        return True
+    tail = iw % ur_w
+    return max(0, ext_kw - 1 - r_pad - tail) > ur_w or (iw > ur_w and r_pad + tail < 0)
 
 
 def _avx2_3d_refuses(call: ConvCall) -> bool:

@@ -5,8 +5,8 @@ im2col columns (``key_conv_gemm_col``), the weights' per-thread partial sums (``
 as ``nthr * weights_d.size()`` floats: four times the weights' bytes) and, on nhwc, per-thread transposed sources
 (``key_conv_gemm_imtr``); each booking takes 128 bytes more (``memory_tracking::registrar_t::default_alignment``).
 ideep gives gemm plain layouts (no reorders): the sequences around the scratchpad are the measured ones.
-The nchw forward's blocking search reads the per-core L2 size; a shape is sized only where every plausible L2
-(:data:`L2_CANDIDATES`) and float rounding give the same columns.
+The nchw forward's blocking search reads the per-core L2 size (:func:`._common.per_core_cache`, as oneDNN reads it);
+a shape is sized only where float rounding cannot change the columns it picks.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nnmem.frontends.pytorch.workspace._common import alloc_peak, div_up, round_up
+from nnmem.frontends.pytorch.workspace._common import alloc_peak, div_up, per_core_cache, round_up
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
 from nnmem.frontends.pytorch.workspace.conv_grouped_strided_bwd import grouped_strided_data
 
@@ -26,10 +26,6 @@ if TYPE_CHECKING:
 
 ALIGN = 128  # memory_tracking.hpp default_alignment: each booking's capacity is its size plus this
 GEMM_THRLD = 64 * 1024  # init_conf's gemm size per thread threshold
-# Per-core L2 sizes in bytes oneDNN may read (platform::get_per_core_cache_size(2): xbyak's cache size over the
-# physical cores sharing it): 256 KiB (older Intel clients), 512 KiB (AMD Zen 2/3), 1 MiB (Skylake-SP to Cascade
-# Lake, Zen 4/5), 1.25 MiB (Ice Lake-SP), 2 MiB (Sapphire/Emerald Rapids)
-L2_CANDIDATES = (256 << 10, 512 << 10, 1 << 20, 5 << 18, 2 << 20)
 _TIE = 1e-5  # relative distance under which two blocking choices count as tied (float vs double rounding)
 
 
@@ -144,11 +140,9 @@ def forward_scratchpad(j: GemmConv, nthr: int, simd_w: int) -> int | None:
                  and (_f32(outer_eff / inner_eff) >= 1.0 or j.os * j.ic * j.oc // nthr < GEMM_THRLD))
         pad = _book((nthr if outer else 1) * j.im2col_sz * 4)
         return pad if pad <= j.limit(nthr) else None  # init_conf's last check: else not gemm
-    sizes = {_blocked_im2col(j, nthr, simd_w, l2 // 4) for l2 in L2_CANDIDATES}
-    if len(sizes) != 1 or None in sizes:
+    size = _blocked_im2col(j, nthr, simd_w, per_core_cache(2) // 4)
+    if size is None:
         return None
-    (size,) = sizes
-    assert size is not None
     pad = _book(nthr * size * 4)
     return pad if pad <= j.limit(nthr) else None
 

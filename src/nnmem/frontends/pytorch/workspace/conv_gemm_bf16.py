@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from nnmem.cpu import CpuInfo
-from nnmem.frontends.pytorch.workspace._common import alloc_peak, book, div_up, round_up
+from nnmem.frontends.pytorch.workspace._common import alloc_peak, book, div_up, per_core_cache, round_up
 from nnmem.frontends.pytorch.workspace.conv_bf16 import _dw_forward_takes
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import dw_jit_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_gemm import (
     GEMM_THRLD,
-    L2_CANDIDATES,
     GemmConv,
     _f32,
     blocking_search,
@@ -73,11 +72,9 @@ def forward_scratchpad(j: GemmConv, nthr: int) -> int | None:
         blocking = not j.is_3d and (spatial >= nthr * _SIMD_W or j.os < j.mb * j.ngroups * j.od
                                     or (j.strides[2] == 1 and k <= 0.05 * j.oc))
     if blocking:
-        found = {_blocking(j, nthr, l2 // _BF16) for l2 in L2_CANDIDATES}
-        if len(found) != 1 or None in found:
+        got = _blocking(j, nthr, per_core_cache(2) // _BF16)
+        if got is None:
             return None
-        (got,) = found
-        assert got is not None
         icb, ocb, osb = got
         threads = nthr
     else:
