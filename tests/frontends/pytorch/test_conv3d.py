@@ -99,7 +99,8 @@ def _grouped_16(rng: random.Random) -> tuple[nn.Conv3d, torch.Tensor]:
 
 
 def _backward_mismatches(draw: Callable[[random.Random], tuple[nn.Conv3d, torch.Tensor]], seed: int, draws: int,
-                         torch_threads: Callable[[int], None], blocks: tuple[int, ...] = (16,)) -> tuple[int, list[str]]:
+                         torch_threads: Callable[[int], None],
+                         blocks: tuple[int, ...] = (16,)) -> tuple[int, list[str]]:
     """``(ops claimed, mismatches)`` over the ``convolution_backward`` ops without a note of ``draws`` seeded
     training steps at 1-4 threads: each rule against the allocator's peak inside the op minus its outputs; skipped
     where oneDNN's channel block is not one of ``blocks`` (16: AVX-512, 8: AVX2)."""

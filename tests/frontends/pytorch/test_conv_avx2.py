@@ -58,7 +58,8 @@ def mismatches(seed: int, draws: int, dim: int) -> dict[str, object]:
                 claimed += 1
                 if row.predicted != row.scratch:
                     failures.append(f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} grad_input="
-                                    f"{x.requires_grad} {row.name}: measured {row.scratch:,} B, rule {row.predicted:,} B")
+                                    f"{x.requires_grad} {row.name}: measured {row.scratch:,} B, "
+                                    f"rule {row.predicted:,} B")
     return {"isa": cpu.describe().isa, "seen": seen, "claimed": claimed, "failures": failures}
 
 
