@@ -32,6 +32,8 @@ def test_a_row_matches_the_model_rebuilt_with_the_technique(technique: str) -> N
         return
     result = nnmem.what_if(model, x, target=y, techniques=[technique])
     row = result.rows[0]
+    if BACKEND == "jax" and "Eigen" in str(row.report.meta.get("unmodelled", "")):  # no AVX-512: packing not sized
+        pytest.skip(str(row.report.meta["unmodelled"]))
     rebuilt = nnmem.apply_technique(model, technique)
     assert model.dtype_policy.name == "float32"
     assert all(v.dtype == "float32" for v in rebuilt.trainable_variables)  # mixed: float32 master weights

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from nnmem import cpu
 from nnmem.frontends.keras.jax import hlo, scratch
 
 _IM2COL_3X3 = 8 * 32 * 32 * 3 * 3 * 3 * 4  # output positions x window x input channels x 4 B
@@ -155,10 +157,14 @@ def _reduction_of_a_product(shape: str) -> hlo.Module:
         "}\n")
 
 
-def test_reduction_over_a_unit_leading_product_holds_it_five_times(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("flags", "copies"), [(("avx2", "avx512f"), 5), (("avx2",), 1)])
+def test_reduction_over_a_unit_leading_product_holds_it_five_times_with_avx512(
+        monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], copies: int) -> None:
     monkeypatch.setattr(scratch, "_threads", lambda: 2)
+    host = cpu.describe()
+    monkeypatch.setattr(scratch, "describe", lambda: dataclasses.replace(host, flags=flags))
     product = 8 * 4 * 64 * 64 * 4
-    assert scratch.fusion_workspace(_reduction_of_a_product("1,8,4,64,64")).high == 5 * product
+    assert scratch.fusion_workspace(_reduction_of_a_product("1,8,4,64,64")).high == copies * product
     # without the unit leading dimension: tiles only, one 128 KiB block per worker
     assert scratch.fusion_workspace(_reduction_of_a_product("2,4,4,64,64")).high == 2 * scratch._YNN_BLOCK
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nnmem.cpu import schedulable_cpus
+from nnmem.cpu import describe, schedulable_cpus
 from nnmem.frontends.keras.jax.hlo import (
     NO_BUFFER,
     Conv,
@@ -28,7 +28,7 @@ from nnmem.frontends.keras.jax.hlo import (
     through_reinterpret,
 )
 
-__all__ = ["Workspace", "fusion_workspace", "rounded_convolution_fusions", "runtime_bookkeeping"]
+__all__ = ["Workspace", "eigen_uncalibrated", "fusion_workspace", "rounded_convolution_fusions", "runtime_bookkeeping"]
 
 _EIGEN_PACKING = 74_184
 """Bytes of Eigen's contraction packing buffer, beside a convolution's im2col buffer and in XLA's own dots
@@ -40,11 +40,13 @@ _YNN_BLOCK = 128 * 1024
 """Bytes of a YNNPACK packing / tiling block, one per worker thread (calibrated: 131,144 B mallocs)."""
 _DOT_PACK_ROWS = 64
 """Rows from which a YNNPACK dot packs its right operand (calibrated: 8 rows pack nothing, 64 and 512 do)."""
-_UNIT_LEAD_COPIES = 5
+_UNIT_LEAD_COPIES = {True: 5, False: 1}
 """Copies of its operand a YNNPACK reduction over the last dimension holds when the fusion computes that operand
-and its outermost dimension is 1 (calibrated: single jitted ``sum(a * b, axis=-1)``, f32[1,8,4,64,64],
-[1,32,64,64], [1,8,4,64,32], [1,512,64]: 5.03-5.07 times the operand; [8,4,64,64], [32,64,64], [2,8,4,64,64]:
-tiles only)."""
+and its outermost dimension is 1, by whether the CPU has AVX-512 (YNNPACK picks its kernels by the CPU's vector
+extensions, not by oneDNN's cap). Calibrated with single jitted ``sum(a * b, axis=-1)``: with AVX-512 (AMD EPYC
+Zen 4, Xeon Sapphire Rapids) f32[1,8,4,64,64], [1,32,64,64], [1,8,4,64,32], [1,512,64] held 5.03-5.07 times the
+operand; with AVX2 only (AMD EPYC Zen 3) the same shapes and [1,8,4,64,16], [1,8,4,64,128] 1.02-1.20 times (a
+further 9-18 KB not modelled); [8,4,64,64], [32,64,64], [2,8,4,64,64]: tiles only on both."""
 _YNN_FUSION = "__ynn_fusion"
 """The ``fusion_config`` kind of a fusion XLA:CPU hands to YNNPACK (``kYnnFusionKind``,
 ``xla/backends/cpu/ynn_support.h``)."""
@@ -132,7 +134,7 @@ def _ynn_reduce(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
     """YNNPACK reduction over more than :data:`_YNN_BLOCK`: tiles of that size, one per worker thread, briefly
     (calibrated: the softmax of 8x4x64x64). Over the last dimension of an array the fusion computes whose
     outermost dimension is 1 (the softmax backward of keras_transformer_block, f32[1,8,4,64,64]): that array
-    in full and four times its size more, held (:data:`_UNIT_LEAD_COPIES`)."""
+    in full, and with AVX-512 four times its size more, held (:data:`_UNIT_LEAD_COPIES`)."""
     operand = shape(fusion.types.get(ins.operands[0], ""))
     if operand is None:
         return 0, 0
@@ -141,7 +143,7 @@ def _ynn_reduce(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
     over = re.search(r"dimensions=\{([\d,]*)\}", ins.rest)
     if ins.operands[0] in fusion.produced and len(dims) >= 3 and dims[0] == 1 and over is not None \
             and over.group(1) == str(len(dims) - 1):
-        return _UNIT_LEAD_COPIES * reduced, 0
+        return _UNIT_LEAD_COPIES["avx512f" in describe().flags] * reduced, 0
     return 0, fusion.threads * _YNN_BLOCK if reduced > _YNN_BLOCK else 0
 
 
@@ -283,6 +285,18 @@ def rounded_convolution_fusions(module: Module) -> list[str]:
                 any(op.opcode == "convert" and op.type.startswith(("bf16[", "f16[")) for op in body):
             names.append(ins.name)
     return names
+
+
+def eigen_uncalibrated(module: Module) -> int:
+    """How many of the step's top-level convolutions and dots run XLA's own Eigen contractions on a CPU without
+    AVX-512, where their packing buffers (:data:`_EIGEN_PACKING`, calibrated with AVX-512) differ: Eigen's blocking
+    follows the vector width and the caches (``evaluateProductBlockingSizesHeuristic``, the thread pool's
+    ``packed_mem_``). Measured on an AVX2-only AMD EPYC (Zen 3), jitted ``a.T @ b`` contractions packed 23,040 to
+    79,896 B, not 74,184 B; keras_mlp's step came out 5.5 % below the estimate, keras_two_branch_cnn's 6.4 % above
+    its high end. Not ported: 0 with AVX-512."""
+    if "avx512f" in describe().flags:
+        return 0
+    return sum(1 for ins in module.entry_body if ins.opcode in _ENTRY_RULES)
 
 
 def runtime_bookkeeping(module: Module, outputs: int) -> int:

@@ -30,6 +30,7 @@ from nnmem.frontends.keras.common import (
 from nnmem.frontends.keras.jax import hlo
 from nnmem.frontends.keras.jax.scratch import (
     Workspace,
+    eigen_uncalibrated,
     fusion_workspace,
     rounded_convolution_fusions,
     runtime_bookkeeping,
@@ -162,6 +163,11 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], gpu: tuple[int, int]
     if _integer_dots(module):
         unmodelled.append("not modelled: integer dots (Keras's int8 matmul: s8 x s8 -> s32) run XLA's own "
                           "contraction, whose packing buffers are not modelled; the allocator level may be higher")
+    eigen = eigen_uncalibrated(module) if gpu is None else 0
+    if eigen:
+        unmodelled.append(f"not modelled: {eigen} convolution(s) / dot(s) on XLA's own Eigen kernels on a CPU without "
+                          "AVX-512, whose packing buffers follow the vector width and caches (calibrated with "
+                          "AVX-512 only): the allocator level may be a few % higher or lower (docs/cpu-isa.md)")
     rounded = rounded_convolution_fusions(module)
     if rounded and gpu is None:
         unmodelled.append(f"not modelled: {len(rounded)} YNNPACK fusion(s) round convolutions' values to 16 bits "
