@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import calibrate_workspace as calibrate
@@ -39,37 +40,63 @@ def _draw(rng: random.Random, dim: int) -> tuple[nn.Module, torch.Tensor]:
     return conv, torch.randn(rng.randint(1, 5), c, *([size] * dim)).requires_grad_(rng.random() < 0.6)
 
 
-def mismatches(seed: int, draws: int, dim: int) -> dict[str, object]:
-    """Over ``draws`` seeded training steps at 1-4 threads: the convolution ops seen, those the rules claim (no
-    note) and each claimed op whose rule differs from the allocator's peak inside it minus its outputs."""
-    rng, seen, claimed, failures = random.Random(seed), 0, 0, []
-    for _ in range(draws):
-        torch.set_num_threads(rng.randint(1, 4))
-        conv, x = _draw(rng, dim)
+def tally(steps: Iterable[tuple[nn.Module, torch.Tensor, bool]], ops: str = "convolution") -> dict[str, object]:
+    """Measure each ``(module, input, train)`` step (a training step sums the output and runs backward; torch's
+    thread count as the drawer set it) op by op: the ops whose name holds ``ops`` seen, those the rules claim (no
+    note), each claimed op whose rule differs from the allocator's peak inside it minus its outputs, and how often
+    each note stood."""
+    seen, claimed, failures, notes = 0, 0, [], {}
+    for conv, x, train in steps:
 
-        def step(conv: nn.Module = conv, x: torch.Tensor = x) -> None:
-            conv(x).sum().backward()
+        def step(conv: nn.Module = conv, x: torch.Tensor = x, train: bool = train) -> None:
+            if train:
+                conv(x).sum().backward()
+                return
+            with torch.inference_mode():
+                conv(x)
 
-        for row in calibrate.measure_ops(step, training=True):
-            if "convolution" not in row.name:
+        for row in calibrate.measure_ops(step, training=train):
+            if ops not in row.name:
                 continue
             seen += 1
-            if row.note is None:
-                claimed += 1
-                if row.predicted != row.scratch:
-                    failures.append(f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} grad_input="
-                                    f"{x.requires_grad} {row.name}: measured {row.scratch:,} B, "
-                                    f"rule {row.predicted:,} B")
-    return {"isa": cpu.describe().isa, "seen": seen, "claimed": claimed, "failures": failures}
+            if row.note is not None:
+                notes[row.note[:110]] = notes.get(row.note[:110], 0) + 1
+                continue
+            claimed += 1
+            if row.predicted != row.scratch:
+                layout = "nhwc" if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) else ""
+                failures.append(f"{torch.get_num_threads()} threads {conv} {tuple(x.shape)} {layout} grad_input="
+                                f"{x.requires_grad} {row.name}: measured {row.scratch:,} B, rule {row.predicted:,} B")
+    return {"isa": cpu.describe().isa, "seen": seen, "claimed": claimed, "failures": failures, "notes": notes}
 
 
-def _on_avx2(seed: int, draws: int, dim: int) -> dict[str, object]:
-    """:func:`mismatches` on this CPU if it runs oneDNN at AVX2, else in a child capped at AVX2."""
+def mismatches(seed: int, draws: int, dim: int) -> dict[str, object]:
+    """:func:`tally` over ``draws`` seeded training steps at 1-4 threads."""
+    rng = random.Random(seed)
+
+    def steps() -> Iterator[tuple[nn.Module, torch.Tensor, bool]]:
+        for _ in range(draws):
+            torch.set_num_threads(rng.randint(1, 4))
+            yield (*_draw(rng, dim), True)
+
+    return tally(steps())
+
+
+def _on_avx2(seed: int, draws: int, dim: int,
+             check: Callable[[int, int, int], dict[str, object]] = mismatches) -> dict[str, object]:
+    """``check`` (:func:`mismatches` by default, or a function of that signature in a test module beside this one)
+    on this CPU if it runs oneDNN at AVX2 (torch's thread count restored after it), else in a child capped at
+    AVX2."""
     if HOST.isa == "avx2":
-        return mismatches(seed, draws, dim)
+        threads = torch.get_num_threads()
+        try:
+            return check(seed, draws, dim)
+        finally:
+            torch.set_num_threads(threads)
     if HOST.onednn_block != 16:
         pytest.skip(f"oneDNN runs at {HOST.isa} here, below AVX2")
-    code = (f"import json, test_conv_avx2 as t; print('RESULT', json.dumps(t.mismatches({seed}, {draws}, {dim})))")
+    module, name = Path(check.__code__.co_filename).stem, check.__name__
+    code = f"import json, {module} as t; print('RESULT', json.dumps(t.{name}({seed}, {draws}, {dim})))"
     path = os.pathsep.join([str(HERE), str(HERE.parents[2] / "benchmarks"), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, **CAP, "PYTHONPATH": path}, check=False)

@@ -90,7 +90,7 @@ CASES = [
     Case("conv1d 42->36 k1 s3 infer", _strided3_1x1),  # 35 is not a multiple of 3: the direct kernel, sized
     Case("94 conv1d 45->2 k3 s2 train rmsprop", _conv1d_train, "train", "rmsprop"),
     Case("172 conv1d 40->47 k5 s3 p2 reflect | 47->2 k3 s2 p1 circular train momentum", _conv1d_modes_train,
-         "train", "momentum", noted=lambda: describe().onednn_block < 16),  # brgconv_strided: sized on AVX-512
+         "train", "momentum"),  # brgconv_strided: sized on AVX-512 and AVX2 (conv_strided_bwd_avx2)
     Case("55 conv2d bf16 15->6 k1 psame infer", _bf16_1x1_same, noted=_onednn_bf16),
 ]
 

@@ -45,7 +45,7 @@ from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import (
     bf16_strided_data_scratch,
     bf16_strided_data_weights,
 )
-from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
+from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data, strided_bwd_weights
 from nnmem.frontends.pytorch.workspace.conv_bwd_weights import bwd_weights_kernel, bwd_weights_scratch
 from nnmem.frontends.pytorch.workspace.conv_gemm import gemm_backward, gemm_forward, gemm_nhwc_backward
 from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import backward_claims as gemm_bf16_backward_claims
@@ -61,6 +61,8 @@ from nnmem.frontends.pytorch.workspace.conv_native import (
     slow_dilated_forward,
 )
 from nnmem.frontends.pytorch.workspace.conv_nhwc import nhwc_backward, nhwc_forward, unit_stride_bwd_data
+from nnmem.frontends.pytorch.workspace.conv_nhwc_avx2 import grouped_forward as ndhwc_grouped_forward
+from nnmem.frontends.pytorch.workspace.conv_nhwc_avx2 import ndhwc_avx2_scratchpads
 from nnmem.frontends.pytorch.workspace.conv_onednn import conv_backward, conv_forward
 from nnmem.frontends.pytorch.workspace.conv_select import (
     ConvCall,
@@ -122,14 +124,18 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Any, out: Any, call: C
         return transpose_forward(call, bias is not None, info) or 0
     if call.dtype != torch.float32 and not bf16_forward_modelled(call, info):
         return 0  # not modelled: conv_note says so
-    if len(call.x_shape) != 4 and not onednn_3d_forward(call, backend) and not onednn_nhwc(call):
+    if len(call.x_shape) != 4 and not onednn_3d_forward(call, backend) and not onednn_nhwc(call) \
+            and backend != "mkldnn_transpose":  # 3-D transposed: conv_transpose
         return 0  # not modelled: conv_note says so
     if backend == "mkldnn" and onednn_nhwc(call):
+        grouped_3d = ndhwc_grouped_forward(call, x, weight) if info.onednn_block == 8 else None  # conv_nhwc_avx2
+        if grouped_3d is not None:
+            return grouped_3d
         if call.one_d:  # the 4-D views ATen hands oneDNN
             x, weight = x.unsqueeze(2), weight.unsqueeze(2)
         return nhwc_forward(x, weight, call.groups, info.onednn_block)
     copy, call = copied_input(call, backend)
-    if call.x_layout != "contiguous" and not call.one_d:
+    if call.x_layout != "contiguous" and not call.one_d and backend != "mkldnn_transpose":  # transposed: below
         return 0  # not modelled: conv_note says so
     if backend == "mkldnn" and onednn_gemm(call, info)[0]:  # gemm: conv_gemm (conv_note where not sized)
         copy = call.x_bytes if call.one_d and call.x_layout != "contiguous" else copy
@@ -301,6 +307,8 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
         if mask[0] and call.groups == 1 and info.onednn_block == 16:  # brgemm kernels (conv_note otherwise)
             data = (strided_bwd_data(call, torch.get_num_threads(), 16) or 0) if any(st > 1 for st in call.stride) \
                 else unit_stride_bwd_data(torch.get_num_threads())
+        if info.onednn_block == 8:  # AVX2 nhwc / ndhwc: conv_nhwc_avx2
+            extra, data = ndhwc_avx2_scratchpads(call, mask, torch.get_num_threads())
         if gemm_weights:  # below AVX-512 grad_input runs brg_conv_bwd:avx2 with the same batch buffers (measured)
             data = unit_stride_bwd_data(torch.get_num_threads()) if mask[0] and info.onednn_block < 16 else data
             copies = nhwc_backward(grad_out, x, weight, call.groups, conv, (False,) * 3, (), info.onednn_block)
@@ -323,7 +331,8 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
             strided, data_pad = True, grouped[0]
         jit_data = None if gemm[0] and grouped is None else conv_backward(
             grad_out, x, weight, False, call.groups, (mask[0], False, False), (), info.onednn_block, strided,
-            data_scratchpad=data_pad, data_weights=grouped[1] if grouped else None)
+            data_scratchpad=data_pad, data_weights=grouped[1] if grouped else
+            strided_bwd_weights(call, torch.get_num_threads(), info.onednn_block))  # AVX2: the blocking's ic_block
         contiguous = 0 if grad_out.is_contiguous() else nbytes(grad_out)
         return copy + (gemm_backward(call, gemm, mask, contiguous, jit_data, fresh, torch.get_num_threads(),
                                      info.onednn_block) or 0)
@@ -345,7 +354,8 @@ def rule_convolution_backward(args: tuple[Any, ...], kwargs: dict[str, Any], out
     avx2_3d = len(call.x_shape) == 5 and bwd_weights_kernel(call, info.onednn_block) == "jit:avx2"
     return copy + conv_backward(grad_out, x, weight, bool(mask[2]), call.groups, mask, out, info.onednn_block,
                                 strided_nhwc, scratchpad, first=first_3d, weights_block=8 if avx2_3d else None,
-                                data_scratchpad=data, data_weights=grouped[1] if grouped else None)
+                                data_scratchpad=data, data_weights=grouped[1] if grouped else
+                                strided_bwd_weights(call, torch.get_num_threads(), info.onednn_block))
 
 
 CONV_CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], ConvCall | None]] = {

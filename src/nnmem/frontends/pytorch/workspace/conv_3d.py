@@ -22,6 +22,7 @@ from nnmem.frontends.pytorch.workspace.conv_bwd_weights import (
     bwd_weights_kernel,
 )
 from nnmem.frontends.pytorch.workspace.conv_gemm import gemm_sized
+from nnmem.frontends.pytorch.workspace.conv_nhwc_avx2 import ndhwc_avx2_note
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
     from nnmem.frontends.pytorch.workspace.conv_select import ConvCall
@@ -94,6 +95,8 @@ def ndhwc_note(call: ConvCall, info: CpuInfo) -> str | None:
     brgemm kernels relay it out per thread, as 2-D's ``_brgemm_relo``); an ungrouped one
     with more than 32 output channels forward, or input channels backward (the brgemm kernels' channel block,
     which ``est_eff`` picks, measured 48 where the 2-D rule's :func:`io_block` says 64)."""
+    if info.onednn_block == 8:  # AVX2: conv_nhwc_avx2
+        return ndhwc_avx2_note(call, info)
     where = f"channels-last 3-D convolution through oneDNN (ISA {info.isa}"
     if info.onednn_block != 16:
         return f"{where}): {NOT_MODELLED}"

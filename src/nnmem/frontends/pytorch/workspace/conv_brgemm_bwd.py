@@ -10,13 +10,17 @@ elements), a one-byte mask per block rounded to a page; plus a page of alignment
 width is not a multiple of the stride, an output buffer of ``iw_block * stride_w * ic`` elements per thread
 rounded to a page (sized only where the widest block fits in one page, so that ``est_eff``'s pick does not
 matter). An accumulation buffer (bfloat16: ``ic_block * ceil(iw_block / stride)`` floats per thread) depends on
-the blocking: those calls are not sized here. 2-D and 3-D alike.
+the blocking: those calls are not sized here. 2-D and 3-D alike. On AVX2 (``brgconv_strided:avx2``) the
+blocking is ported (:mod:`.conv_strided_bwd_avx2`), so every float32 nc(d)hw call is sized, with the weights'
+input channels padded to the chosen block.
 """
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
+
+from nnmem.frontends.pytorch.workspace.conv_strided_bwd_avx2 import avx2_blocking
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
     from nnmem.frontends.pytorch.workspace.conv_select import ConvCall
@@ -62,17 +66,52 @@ def _regression(call: ConvCall) -> bool:
     return call.stride[-2:] == (2, 2) and kh == kw and (ic, oc, ih, iw, oh, ow, kh, kw, 2) in _REGRESSION
 
 
+def _brgconv_strided(call: ConvCall) -> bool:
+    """Whether a float32 call's input gradient runs ``brgconv_strided`` as sized here: strided, ungrouped,
+    undilated, 2-D or 3-D (1-D viewed as 2-D), not a regression shape."""
+    if call.groups != 1 or len(call.x_shape) not in (4, 5) or any(d != 1 for d in call.dilation):
+        return False
+    return call.itemsize == 4 and any(s > 1 for s in call.stride) and not _regression(call)
+
+
+def _avx2(call: ConvCall, nthreads: int) -> tuple[int, int] | None:
+    """``(scratchpad bytes, reordered weights' bytes)`` of ``brgconv_strided:avx2`` (``init_scratchpad`` for the
+    blocking :func:`.conv_strided_bwd_avx2.avx2_blocking` picks: batch elements for ``kd_block * kh_block * kw``
+    taps rounded to pages, the output gradient's copy, the block mask, an uneven width's output buffer; the
+    weights in ``Ihwo{ic_block}i``, input channels padded to ``ic_block``), or None where no blocking is found."""
+    b = avx2_blocking(call.x_shape, call.w_shape, call.stride, call.padding, nthreads)
+    if b is None:
+        return None
+    taps, oc = math.prod(call.w_shape[2:]), call.w_shape[0]
+    batch = -(-_page(b.kd_block * b.kh_block * b.kw * _BATCH_ELEMENT) // _BATCH_ELEMENT)  # adjusted_batch_size
+    total = (_book(nthreads * batch * _BATCH_ELEMENT) + _book(nthreads * _page(b.odp * b.ohp * b.owp * oc) * 4)
+             + _book(nthreads * _page(b.nb_id * b.nb_ih * b.nb_sp)))
+    if b.uneven:
+        total += _book(nthreads * _page(b.iw_block * b.sw * b.ic) * 4)
+    return total, oc * -(-b.ic // b.ic_block) * b.ic_block * taps * 4
+
+
+def strided_bwd_weights(call: ConvCall, nthreads: int, block: int) -> int | None:
+    """Bytes of ``brgconv_strided``'s reordered weights where the blocking sets them (AVX2, ``block`` 8: the input
+    channels padded to the chosen ``ic_block``); None elsewhere (AVX-512: :func:`.conv_select.io_block`'s)."""
+    if block != 8 or not _brgconv_strided(call) or "channels_last" in (call.x_layout, call.w_layout):
+        return None
+    sized = _avx2(call, nthreads)
+    return None if sized is None else sized[1]
+
+
 def strided_bwd_data(call: ConvCall, nthreads: int, block: int) -> int | None:
     """Bytes of ``brgconv_strided``'s backward-data scratchpad for a strided, ungrouped, undilated float32 2-D or
-    3-D call on AVX-512 (``block`` 16, oneDNN's channel block); None where it depends on the blocking (an input
-    width that is not a multiple of the stride, bfloat16's accumulation buffer, more blocks than a page of mask
-    bytes, a batch of more than a page; on AVX2 the weights' reorder follows the blocking's input-channel block
-    too) or another kernel runs (dilation, the regression shapes). A 3-D one copies ``odp`` output planes (its
-    ``back_ovf`` reads the undilated ``kd``, as ``init_conf`` does)."""
-    if block != 16 or call.groups != 1 or len(call.x_shape) not in (4, 5) or any(d != 1 for d in call.dilation):
+    3-D call: on AVX2 (``block`` 8) for the blocking it picks (:func:`_avx2`); on AVX-512 (``block`` 16, oneDNN's
+    channel block) None where it depends on the blocking (an input width that is not a multiple of the stride,
+    more blocks than a page of mask bytes, a batch of more than a page). None too where another kernel runs
+    (dilation, the regression shapes) or for bfloat16 (its accumulation buffer). A 3-D one copies ``odp`` output
+    planes (its ``back_ovf`` reads the undilated ``kd``, as ``init_conf`` does)."""
+    if block not in (8, 16) or not _brgconv_strided(call):
         return None
-    if call.itemsize != 4 or not any(s > 1 for s in call.stride) or _regression(call):
-        return None
+    if block == 8:  # nc(d)hw only: channels-last ones keep their notes (conv_nhwc, conv_nhwc_avx2)
+        sized = None if "channels_last" in (call.x_layout, call.w_layout) else _avx2(call, nthreads)
+        return None if sized is None else sized[0]
     planes, positions = 1, 1
     for i, k, o, s, pad in zip(call.x_shape[2:], call.w_shape[2:], call.out_sizes, call.stride, call.padding):
         end_pad = (o - 1) * s + k - (i + pad)  # calculate_end_padding, may be negative

@@ -343,31 +343,40 @@ def _direct_refuses(call: ConvCall, avx512: bool) -> bool:
 
 
 def avx2_bwd_data_refuses(call: ConvCall) -> bool:
-    """Whether ``jit_avx2_conv_bwd_data_kernel_f32_t::init_conf`` (jit_avx2_conv_kernel_f32.cpp) refuses a dense
-    unit-stride nc(d)hw input gradient, which then runs on gemm: a kernel outside the source, or no width unroll
-    (at most 15 registers: ``ur_w * nb_ic_blocking + ur_w``) that covers the left overflow (the dilated kernel
-    past the left padding), or a right overflow past the unroll's tail."""
-    if call.kernel_outside():
+    """Whether ``jit_avx2_conv_bwd_data_kernel_f32_t::init_conf`` (jit_avx2_conv_kernel_f32.cpp) refuses an nc(d)hw
+    input gradient (dense, or groups of 8-channel blocks), which then runs on gemm: a dilation with a stride,
+    unequal height and width strides or a depth stride (a 1-D one: any stride), a strided kernel wider than 3 on
+    fewer than 8 channels, a kernel outside the source, or no width unroll (at most 15 registers:
+    ``ur_w * nb_ic_blocking + ur_w / stride``, a multiple of the stride) that covers the left overflow (the dilated
+    kernel past the left padding), or a right overflow past the unroll's tail."""
+    strides = (1,) * (3 - len(call.stride)) + tuple(call.stride)  # (depth, height, width), 1-D and 2-D padded
+    dilations = (1,) * (3 - len(call.dilation)) + tuple(call.dilation)
+    (sd, sh, sw), ic = strides, call.x_shape[1] // call.groups
+    if any(d > 1 and st != 1 for d, st in zip(dilations, strides)) or sw != sh or sd != 1:
         return True
-    iw, kw, l_pad, dw = call.x_shape[-1], call.w_shape[-1], call.padding[-1], call.dilation[-1]
-    ext_kw = (kw - 1) * dw + 1
-    r_pad = (call.out_sizes[-1] - 1) + ext_kw - (iw + l_pad)
-    l_overflow = max(0, ext_kw - 1 - l_pad)
-    nb_ic = _div_up(call.x_shape[1], 8)
+    iw, kw, l_pad = call.x_shape[-1], call.w_shape[-1], call.padding[-1]
+    if ic < 8 and kw > 3 and sw > 1 or call.kernel_outside():
+        return True
+    ext_kw = (kw - 1) * dilations[-1] + 1
+    r_pad = (call.out_sizes[-1] - 1) * sw + ext_kw - (iw + l_pad)
+    l_overflow = max(0, (ext_kw - 1 - l_pad) // sw)
+    nb_ic = _div_up(ic, 8)
     best, ur_w = 0, 1
     for b in range(1, 5):
         if nb_ic % b:
             continue
-        u = 1
-        while u * b + u <= 15 and u < iw + 1:
+        u = sw
+        while u * b + u // sw <= 15 and u < iw + sw:
             ur = min(u, iw)
-            if not (l_overflow > ur and ur != iw) and (ur * b > best or ur * b == best and ur_w < ur):
-                ur_w, best = ur, ur * b
-            u += 1
+            nfmas = _div_up(ur, sw) * b
+            if not (l_overflow * sw > ur and ur != iw) and (nfmas > best or nfmas == best and ur_w < ur):
+                ur_w, best = ur, nfmas
+            u += sw
     if best == 0:
         return True
     tail = iw % ur_w
-    return max(0, ext_kw - 1 - r_pad - tail) > ur_w or (iw > ur_w and r_pad + tail < 0)
+    r_overflow = max(0, int((ext_kw - 1 - r_pad - tail) / sw))  # C division: truncated towards zero
+    return r_overflow * sw > ur_w or iw > ur_w and (ur_w % sw != 0 or r_pad + tail < 0)
 
 
 def _avx2_3d_refuses(call: ConvCall) -> bool:

@@ -101,7 +101,11 @@ def _bwd_weights(x: torch.Tensor, weight: torch.Tensor, gy: torch.Tensor, groups
         gw = _grouped_blocked(o, c_per_g, k, groups, e, b, padded=True)
         oc_g = o // groups
     else:
-        gw = round_up(o, b) * (round_up(c, b) if c >= b or b == 8 else c) * k * e
+        # AVX2 on jit:avx2 (not jit_1x1's 1x1, unit-stride or 2-D tiling its input): three channels flat,
+        # O(d)hwi8o (conv_nhwc_avx2)
+        tiles = set(conv[0]) == {1} or x.dim() == 4 and all(i % s == 0 for i, s in zip(x.shape[2:], conv[0]))
+        flat = b == 8 and c == 3 and not (k == 1 and not any(conv[1]) and tiles)
+        gw = round_up(o, b) * (c if flat else round_up(c, b) if c >= b or b == 8 else c) * k * e
         oc_g = o
     padded_bias = groups * round_up(oc_g, b) * 4 + _BOOK_PAD if bias and oc_g % b else 0
     return gw, padded_bias

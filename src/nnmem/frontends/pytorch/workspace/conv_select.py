@@ -43,9 +43,11 @@ from nnmem.frontends.pytorch.workspace.conv_bwd_weights import (
     bwd_weights_kernel,
     dw_jit_bwd_weights,
 )
-from nnmem.frontends.pytorch.workspace.conv_gemm import dw_forward_refuses, gemm_sized
+from nnmem.frontends.pytorch.workspace.conv_gemm import _brgconv_strided, dw_forward_refuses, gemm_sized
 from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import gemm_bf16_claims, inner_product_takes, jit_1x1_takes
 from nnmem.frontends.pytorch.workspace.conv_grouped_strided_bwd import grouped_strided_claims
+from nnmem.frontends.pytorch.workspace.conv_nhwc_avx2 import ndhwc_avx2_note
+from nnmem.frontends.pytorch.workspace.conv_nhwc_avx2 import weights_kernel as ndhwc_weights_kernel
 from nnmem.frontends.pytorch.workspace.conv_transpose import transpose_note
 from nnmem.frontends.pytorch.workspace.matmul import AMX_ISA, MODELLED_ISA, MODELLED_THREADS
 
@@ -344,12 +346,17 @@ def onednn_gemm(call: ConvCall, info: CpuInfo) -> tuple[bool, bool]:
     block (below AVX-512, without a block of 8), or with a kernel outside the source (``kernel_outside_src``,
     every jit kernel refuses it), does throughout; one with a block of 4 and a depthwise one outside the
     depthwise kernel do for the weights' gradient (the ``jit`` backward-weights kernels take blocks of 8 and
-    16); a 2-D depthwise one does for a forward ``jit_uni_dw`` refuses and for a dilated input gradient. On
-    nhwc, a grouped backward with a kernel outside the source (measured), else :func:`_nhwc_gemm_bwd_weights`."""
+    16); a 2-D depthwise one does for a forward ``jit_uni_dw`` refuses and for a dilated input gradient. A dense
+    one runs its weights' gradient on gemm where :func:`.bwd_weights_kernel` names no kernel; below AVX-512 a
+    dense or 8-channel-group one runs each pass ``jit:avx2`` refuses on gemm (:func:`_avx2_forward_refuses`,
+    :func:`.avx2_bwd_data_refuses`, the weights' kernel's paddings and widths). On nhwc, a grouped backward with
+    a kernel outside the source (measured), else :func:`_nhwc_gemm_bwd_weights`."""
     c, o, g = call.x_shape[1], call.w_shape[0], call.groups
     if onednn_nhwc(call):
         if g > 1 and call.backward and call.kernel_outside():  # measured: both passes on gemm (nhwc: not sized)
             return True, True
+        if info.onednn_block == 8 and not g == c == o:  # conv_nhwc_avx2 (2-D and 3-D)
+            return False, call.backward and ndhwc_weights_kernel(call) is None
         one_by_one = math.prod(call.w_shape[2:]) == 1 and not any(call.padding)  # jit_1x1 (dilation moot)
         return False, not one_by_one and _nhwc_gemm_bwd_weights(call, info)
     if g == 1:  # a dense ncdhw weights' gradient the direct kernels refuse (bwd_weights_kernel): gemm
@@ -373,6 +380,12 @@ def onednn_gemm(call: ConvCall, info: CpuInfo) -> tuple[bool, bool]:
     # 2-D ones measured otherwise: not followed)
     refused = (call.backward and len(call.x_shape) == 5 and block == 16 and info.onednn_block == 16
                and _direct_refuses(call, True))
+    if block == 8 and info.onednn_block == 8:  # shapes jit:avx2 refuses run gemm (measured)
+        if not call.backward:
+            return data or _avx2_forward_refuses(call), False  # e.g. a 1-D kernel of 8 padded by 4
+        data = data or call.grad_input and avx2_bwd_data_refuses(call) and not (
+            any(st > 1 for st in call.stride) and _brgconv_strided(call))
+        refused = call.w_shape[-1] > 14 or _direct_refuses(call, False)
     return data, block is None or block == 4 or refused
 
 
@@ -442,7 +455,11 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
     if backend == "mkldnn" and not call.backward and _brgemm_relo(call, info):
         return f"single-channel channels-last convolution with an input relayout on oneDNN's brgemm kernel " \
                f"(exec_trans, ISA {info.isa}): {NOT_MODELLED}"
-    if backend == "mkldnn" and onednn_nhwc(call) and call.groups > 1 and not depthwise and info.onednn_block < 16:
+    if backend == "mkldnn" and onednn_nhwc(call) and info.onednn_block == 8 and len(call.x_shape) == 4 \
+            and call.dtype == torch.float32 and (note := ndhwc_avx2_note(call, info)):  # 2-D: conv_nhwc_avx2
+        return note
+    if backend == "mkldnn" and onednn_nhwc(call) and call.groups > 1 and not depthwise and info.onednn_block < 8 \
+            and len(call.x_shape) == 4:  # 3-D: ndhwc_note
         return f"grouped channels-last convolution through oneDNN (ISA {info.isa}): {NOT_MODELLED}"
     gemm = onednn_gemm(call, info) if backend == "mkldnn" and call.dtype == torch.float32 else (False, False)
     if any(gemm) and _avx2_flat(call):
@@ -487,7 +504,8 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         return (f"grouped strided convolution's input gradient on oneDNN's brgconv_strided (ISA {info.isa}): "
                 f"{NOT_MODELLED}")
     if (backend == "mkldnn" and call.backward and call.groups > 1 and not depthwise
-            and torch.get_num_threads() >= 2 * call.groups):
+            and torch.get_num_threads() >= 2 * call.groups
+            and not (onednn_nhwc(call) and info.onednn_block == 8)):  # conv_nhwc_avx2
         # the grouped jit kernels give each group a thread first; with threads to spare they split the batch
         # and reduce through a scratchpad (balance() in jit_avx512_common_conv_kernel.cpp), not sized here
         return (f"grouped convolution backward through oneDNN on {torch.get_num_threads()} threads "
@@ -501,7 +519,7 @@ def conv_note(call: ConvCall, info: CpuInfo) -> str | None:
         # contiguous and channels-last-3d at once: ATen's native 3-D kernels' contiguous() copies nothing, the
         # rules (which read the layout as oneDNN does) count a copy
         return f"one-channel channels-last-3d operand on ATen's {backend} kernel: {NOT_MODELLED}"
-    if (backend.startswith("mkldnn") and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend)
+    if (backend == "mkldnn" and len(call.x_shape) == 5 and not onednn_3d_forward(call, backend)
             and not onednn_3d_backward(call, info, backend) and not onednn_nhwc(call)
             and not bf16_3d_claims(call, info) and not bf16_transpose_claims(call, info)
             and not bf16_strided_backward_claims(call, info)):

@@ -14,10 +14,10 @@ the kernel it picks (oneDNN 3.12 on AVX-512, measured with ``benchmarks/calibrat
 At unit stride a bias is added outside the kernel, through a float32 buffer of the blocked destination's size
 (+128 B, booked first). The backward runs the transposed convolution's forward and backward weights
 (:func:`transpose_backward`). ATen's own kernel (batch 1, small inputs) fills a ``columns`` buffer
-(:func:`slow_transpose_forward`, :func:`slow_transpose_backward`). Shapes the rules do not follow (AVX2, grouped,
-channels-last, dilated, 3-D, an output width that is not a multiple of the stride, the blockings
-``strided_bwd_data`` or ``bwd_weights_scratch`` do not size) keep :func:`transpose_note`'s note. Measured on seeded
-draws: tests/frontends/pytorch/test_conv_transpose.py.
+(:func:`slow_transpose_forward`, :func:`slow_transpose_backward`). AVX2 (8-channel blocks) has its own kernels:
+:mod:`.conv_transpose_avx2`. Shapes the rules do not follow (on AVX-512: grouped, channels-last, dilated, 3-D, an
+output width that is not a multiple of the stride, the blockings ``strided_bwd_data`` or ``bwd_weights_scratch`` do
+not size) keep :func:`transpose_note`'s note. Measured on seeded draws: tests/frontends/pytorch/test_conv_transpose.py.
 """
 
 from __future__ import annotations
@@ -37,6 +37,13 @@ from nnmem.frontends.pytorch.workspace.conv_bf16_transpose import (
     bf16_transpose_forward,
 )
 from nnmem.frontends.pytorch.workspace.conv_brgemm_bwd import strided_bwd_data
+from nnmem.frontends.pytorch.workspace.conv_transpose_avx2 import (
+    avx2_modelled,
+    avx2_transpose_backward,
+    avx2_transpose_claims,
+    avx2_transpose_forward,
+    channels_last_copies,
+)
 
 if TYPE_CHECKING:  # conv_select imports this module for its note
     from nnmem.frontends.pytorch.workspace.conv_select import ConvCall
@@ -91,6 +98,8 @@ def transpose_forward(call: ConvCall, bias: bool, info: CpuInfo) -> int | None:
 
     if call.dtype == torch.bfloat16:  # conv_bf16_transpose's kernels
         return bf16_transpose_forward(call, bias, info)
+    if avx2_modelled(call, info):  # AVX2: conv_transpose_avx2
+        return avx2_transpose_forward(call, bias)
     if not _modelled(call, info):
         return None
     n, c = call.x_shape[:2]
@@ -127,6 +136,8 @@ def transpose_backward(call: ConvCall, grad_out: torch.Tensor, mask: Sequence[bo
 
     if call.dtype == torch.bfloat16:  # conv_bf16_transpose's kernels
         return bf16_transpose_backward(call, grad_out, mask, outs, info)
+    if avx2_modelled(call, info):  # AVX2: conv_transpose_avx2
+        return avx2_transpose_backward(call, grad_out, mask, outs, info)
     if not _modelled(call, info):
         return None
     n, c = call.x_shape[:2]
@@ -160,34 +171,41 @@ def transpose_backward(call: ConvCall, grad_out: torch.Tensor, mask: Sequence[bo
 
 def slow_transpose_forward(call: ConvCall) -> int | None:
     """``slow_conv_transpose2d`` (NaiveConvolutionTranspose2d.cpp): ``columns`` of ``n × o·kh·kw × ih·iw``
-    elements of the input's type, the whole batch's (measured in float32, float16 and bfloat16); None for other
-    ranks (not measured)."""
+    elements of the input's type, the whole batch's (measured in float32, float16 and bfloat16), after the input
+    and the weight are made channels-last where either is (:func:`.conv_transpose_avx2.channels_last_copies`,
+    measured in float32); None for other ranks (not measured)."""
     if len(call.x_shape) != 4 or call.groups != 1 or not call.dtype.is_floating_point:
         return None
+    return _columns(call) + channels_last_copies(call)
+
+
+def _columns(call: ConvCall) -> int:
     n, o = call.x_shape[0], call.w_shape[1]
     return n * o * math.prod(call.w_shape[2:]) * math.prod(call.x_shape[2:]) * call.itemsize
 
 
 def _slow_columns(call: ConvCall) -> int:
     """The ``columns`` buffer: none for a 1x1 unit-stride unpadded kernel (``use_gemm`` false), else the
-    forward's (:func:`slow_transpose_forward`)."""
+    forward's (:func:`_columns`)."""
     if math.prod(call.w_shape[2:]) == 1 and all(s == 1 for s in call.stride) and not any(call.padding):
         return 0
-    return slow_transpose_forward(call) or 0
+    return _columns(call)
 
 
 def slow_transpose_backward(call: ConvCall, grad_out: torch.Tensor, mask: Sequence[bool],
                             outs: Sequence[Any]) -> int | None:
     """``slow_conv_transpose2d_backward``: each of the input's and the weights' gradients makes ``grad_output``
-    contiguous (a copy where it is not) and fills ``columns`` (:func:`_slow_columns`); measured sequence
-    ``[copy, gx, cols, -cols, -copy, gb, gw, copy, cols, -cols, -copy]``."""
+    contiguous (a copy where it is not; channels-last where the input or the weight is, after their own copies:
+    :func:`.conv_transpose_avx2.channels_last_copies`) and fills ``columns`` (:func:`_slow_columns`); measured
+    sequence ``[copies, copy, gx, cols, -cols, -copy, gb, gw, copy, cols, -cols, -copy]``."""
     if slow_transpose_forward(call) is None:
         return None
-    copy = 0 if grad_out.is_contiguous() else int(grad_out.numel()) * call.itemsize
+    layout = torch.channels_last if "channels_last" in (call.x_layout, call.w_layout) else torch.contiguous_format
+    copy = 0 if grad_out.is_contiguous(memory_format=layout) else int(grad_out.numel()) * call.itemsize
     cols = _slow_columns(call)
     fresh = [int(t.untyped_storage().nbytes()) if isinstance(t, torch.Tensor) else 0 for t in outs]
     fresh += [0] * (3 - len(fresh))
-    seq: list[int] = []
+    seq: list[int] = [channels_last_copies(call)]
     if mask[0]:
         seq += [copy, fresh[0], cols, -cols, -copy]
     if mask[1] or mask[2]:
@@ -218,6 +236,8 @@ def _backward_claimed(call: ConvCall, info: CpuInfo) -> bool:
 
     if call.dtype == torch.bfloat16:
         return bf16_transpose_claims(call, info)
+    if avx2_modelled(call, info):
+        return avx2_transpose_claims(call, info)
     if not _modelled(call, info):
         return False
     if math.prod(call.w_shape[2:]) == 1 and max(call.stride) > 2:
