@@ -353,7 +353,8 @@ def eigen_fallback_note(ops: Iterable[Any], flags: Iterable[str], onednn: bool =
     if fallen:
         kinds = "; ".join(f"{dtype} {', '.join(sorted(types))}" for dtype, types in sorted(fallen.items()))
         why = ("oneDNN takes float16 only with AVX512-FP16, AMX-FP16 or AVX-NE-CONVERT, bfloat16 only with AVX-512 "
-               "or AVX-NE-CONVERT" if onednn else "TF_ENABLE_ONEDNN_OPTS=0 turns oneDNN off")
+               "or AVX-NE-CONVERT" if onednn else "oneDNN is off: TF_ENABLE_ONEDNN_OPTS=0, or TensorFlow's default on "
+               "a CPU without AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX")
         lines.append(f"not modelled on this CPU: {kinds} run TensorFlow's Eigen kernels ({why}); their kernel "
                      "scratch is not modelled and the allocator level may be far higher")
     if cast:
