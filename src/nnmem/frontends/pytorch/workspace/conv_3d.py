@@ -59,7 +59,7 @@ def onednn_3d_backward(call: ConvCall, info: CpuInfo, backend: str) -> bool:
         # a padding the direct kernel refuses sends the weights' gradient to gemm (conv_gemm; measured 679,168 B
         # where the grouped jit rule said 84,672 B: a 3x3x3 kernel padded by 1 on a 2x2x2 input)
         return c // g % 16 == 0 and o // g % 16 == 0 and (
-            not _direct_refuses(call, True) or gemm_sized(call, (False, True), torch.get_num_threads(), 16))
+            not _direct_refuses(call, True) or gemm_sized(call, (False, True), nthreads, 16))
     unit = all(s == 1 for s in call.stride)
     if call.grad_input and unit and block == 8 and avx2_bwd_data_refuses(call):  # both gradients on gemm
         return bwd_weights_kernel(call, block) is None and gemm_sized(call, (True, True), nthreads, block)

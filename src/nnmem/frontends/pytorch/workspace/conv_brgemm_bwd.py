@@ -66,7 +66,7 @@ def _regression(call: ConvCall) -> bool:
     return call.stride[-2:] == (2, 2) and kh == kw and (ic, oc, ih, iw, oh, ow, kh, kw, 2) in _REGRESSION
 
 
-def _brgconv_strided(call: ConvCall) -> bool:
+def _dense_strided(call: ConvCall) -> bool:
     """Whether a float32 call's input gradient runs ``brgconv_strided`` as sized here: strided, ungrouped,
     undilated, 2-D or 3-D (1-D viewed as 2-D), not a regression shape."""
     if call.groups != 1 or len(call.x_shape) not in (4, 5) or any(d != 1 for d in call.dilation):
@@ -94,7 +94,7 @@ def _avx2(call: ConvCall, nthreads: int) -> tuple[int, int] | None:
 def strided_bwd_weights(call: ConvCall, nthreads: int, block: int) -> int | None:
     """Bytes of ``brgconv_strided``'s reordered weights where the blocking sets them (AVX2, ``block`` 8: the input
     channels padded to the chosen ``ic_block``); None elsewhere (AVX-512: :func:`.conv_select.io_block`'s)."""
-    if block != 8 or not _brgconv_strided(call) or "channels_last" in (call.x_layout, call.w_layout):
+    if block != 8 or not _dense_strided(call) or "channels_last" in (call.x_layout, call.w_layout):
         return None
     sized = _avx2(call, nthreads)
     return None if sized is None else sized[1]
@@ -107,7 +107,7 @@ def strided_bwd_data(call: ConvCall, nthreads: int, block: int) -> int | None:
     more blocks than a page of mask bytes, a batch of more than a page). None too where another kernel runs
     (dilation, the regression shapes) or for bfloat16 (its accumulation buffer). A 3-D one copies ``odp`` output
     planes (its ``back_ovf`` reads the undilated ``kd``, as ``init_conf`` does)."""
-    if block not in (8, 16) or not _brgconv_strided(call):
+    if block not in (8, 16) or not _dense_strided(call):
         return None
     if block == 8:  # nc(d)hw only: channels-last ones keep their notes (conv_nhwc, conv_nhwc_avx2)
         sized = None if "channels_last" in (call.x_layout, call.w_layout) else _avx2(call, nthreads)

@@ -365,7 +365,7 @@ def gemm_sized(call: ConvCall, on_gemm: tuple[bool, bool], nthr: int, simd_w: in
     if call.grad_input and call.groups == 1 and any(s > 1 for s in call.stride) and \
             strided_bwd_data(call, nthr, simd_w) is None:  # a dense one's runs brgconv_strided: sized there
         return False
-    if call.grad_input and not depthwise and any(s > 1 for s in call.stride) and _brgconv_strided(call) \
+    if call.grad_input and not depthwise and any(s > 1 for s in call.stride) and grouped_brgconv_strided(call) \
             and grouped_strided_data(call, nthr, simd_w) is None:
         return False  # its input's gradient runs on brgconv_strided, sized by conv_grouped_strided_bwd or not
     return not on_gemm[1] or bwd_weights_scratchpad(j, nthr, simd_w) is not None
@@ -453,7 +453,7 @@ def gemm_nhwc_backward(call: ConvCall, mask: Sequence[bool], copies: int, data_p
     return max(max(data_peak, live + alloc_peak(weights)) - fresh, 0)
 
 
-def _brgconv_strided(call: ConvCall) -> bool:
+def grouped_brgconv_strided(call: ConvCall) -> bool:
     """Whether oneDNN's ``brgconv_strided`` (``jit_brgemm_conv_bwd_utils.cpp`` ``init_conf``, tried before gemm at
     ``avx512_core`` and then ``avx2``) takes a strided grouped input gradient: no dilation, and more output
     channels per group than the ``avx2`` variant's 8 (``is_grouped_small_oc``; measured)."""

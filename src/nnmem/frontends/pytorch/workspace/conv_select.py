@@ -43,7 +43,7 @@ from nnmem.frontends.pytorch.workspace.conv_bwd_weights import (
     bwd_weights_kernel,
     dw_jit_bwd_weights,
 )
-from nnmem.frontends.pytorch.workspace.conv_gemm import _brgconv_strided, dw_forward_refuses, gemm_sized
+from nnmem.frontends.pytorch.workspace.conv_gemm import dw_forward_refuses, gemm_sized, grouped_brgconv_strided
 from nnmem.frontends.pytorch.workspace.conv_gemm_bf16 import gemm_bf16_claims, inner_product_takes, jit_1x1_takes
 from nnmem.frontends.pytorch.workspace.conv_grouped_strided_bwd import grouped_strided_claims
 from nnmem.frontends.pytorch.workspace.conv_nhwc_avx2 import ndhwc_avx2_note
@@ -384,7 +384,7 @@ def onednn_gemm(call: ConvCall, info: CpuInfo) -> tuple[bool, bool]:
         if not call.backward:
             return data or _avx2_forward_refuses(call), False  # e.g. a 1-D kernel of 8 padded by 4
         data = data or call.grad_input and avx2_bwd_data_refuses(call) and not (
-            any(st > 1 for st in call.stride) and _brgconv_strided(call))
+            any(st > 1 for st in call.stride) and grouped_brgconv_strided(call))
         refused = call.w_shape[-1] > 14 or _direct_refuses(call, False)
     return data, block is None or block == 4 or refused
 

@@ -113,7 +113,7 @@ def forward_kernel(call: ConvCall) -> str:
     or ``jit_1x1:avx2`` on blocked activations) "brgconv_strided" (a strided undilated one) or "jit_1x1_strided"."""
     conv = _conv(call)
     if any(s > 1 for s in call.stride) and all(d == 1 for d in call.dilation) and (
-            call.groups == 1 or call.x_shape[1] // call.groups > 8):  # conv_gemm._brgconv_strided: grouped too
+            call.groups == 1 or call.x_shape[1] // call.groups > 8):  # conv_gemm.grouped_brgconv_strided: grouped too
         return "brgconv_strided"
     if _grouped_gemm(call):
         return "gemm"
