@@ -49,13 +49,16 @@ demo: setup-demo
 # Keras fixes its backend at import: tests/frontends/keras runs once per backend, each in its own process.
 # NNMEM_REQUIRE_BROWSER=1: the browser test fails, rather than skips, without chromium.
 # -n 2: two pytest-xdist workers where a test's figures do not depend on what else runs (PyTorch's allocator,
-# in-process or in the measuring child). JAX's and TensorFlow's plain steps take one of several peaks by how
-# their threads meet, which load changes: those suites run one test at a time.
+# in-process or in the measuring child; TensorFlow's pinned diagnostic, one op at a time in the estimate's order,
+# tests/frontends/keras/tensorflow/test_measure.py). JAX's and TensorFlow's plain steps take one of several peaks
+# by how their threads meet, which load changes: those tests run one at a time.
+TF_PINNED := tests/frontends/keras/tensorflow/test_measure.py
 test: setup browser
 	NNMEM_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -n 2
 	KERAS_BACKEND=torch $(BIN)/python -m pytest -q -n 2 -p no:cacheprovider tests/frontends/keras
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
-	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -q -p no:cacheprovider tests/frontends/keras
+	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -q -n 2 -p no:cacheprovider $(TF_PINNED)
+	KERAS_BACKEND=tensorflow $(BIN)/python -m pytest -q -p no:cacheprovider --ignore=$(TF_PINNED) tests/frontends/keras
 
 # README's pictures: each chart, drawn by the command line from the built-in examples.
 pictures: setup

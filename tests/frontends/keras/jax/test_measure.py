@@ -137,6 +137,10 @@ def test_overlapping_branches_peak_near_the_estimated_range() -> None:
                                        "9,408 rows for 8,192 (+133,128 B), k5 +139,272 B; bm comes from Eigen's "
                                        "cache-size blocking heuristic, not modelled, so both ends are 2-5 % low")
 def test_overlapping_branches_peak_inside_the_estimated_range() -> None:
+    from nnmem import cpu
+
+    if "avx512f" not in cpu.describe().flags:  # its three processes are the test above's, skipped there too
+        pytest.skip("Eigen's packing buffers are calibrated with AVX-512; this CPU has none (the estimate's note)")
     span, peaks = _two_branch_runs()
     assert span is not None
     assert all(span[0] <= peak <= span[1] for peak in peaks), (span, peaks)

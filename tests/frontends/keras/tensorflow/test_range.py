@@ -24,11 +24,13 @@ keras_transformer_block train 7,536,384 B in one, 2,816 B above its 7,533,568 B 
 10 benchmark processes). keras_lstm's plain runs spread over 4.4-13.2 MB as its gradient loop's iterations overlap
 (replay.waiting_bytes)."""
 
-LOW_SLACK = 0.01
+LOW_SLACK = 0.03
 """How far under the range's low end a run may land. The high end holds every run (an estimate under the real
-peak says "fits" and then runs out of memory); the low end is the leanest order replayed, not a bound: one
-clean-clone CI process of keras_lstm measured 4,180,736 B, 0.11 % under its 4,185,344 B low end (the executor
-found a leaner order)."""
+peak says "fits" and then runs out of memory); the low end is the leanest order replayed, not a bound: the
+executor finds leaner orders for keras_lstm. One clean-clone CI process measured 4,180,736 B, 0.11 % under its
+4,185,344 B low end (oneDNN on); on an AVX2-only host (oneDNN off, Eigen's kernels) one CI process measured
+4,131,328 B, 1.43 % under 4,191,232 B, and 2 of 8 fresh processes there 0.56 % and 0.94 % under (which order
+the executor found is not known: issue 18)."""
 
 
 def test_range_holds_the_sequential_estimate() -> None:
