@@ -1,15 +1,16 @@
 """What a plain TensorFlow step holds at its peak, from TensorFlow's own allocation log: a diagnostic.
 
 Run:  python benchmarks/tf_alloc_log.py keras_two_branch_cnn [--steps 8] [--top 12] [--batch 8] [--mode infer]
-      [--policy mixed_bfloat16]
+      [--policy mixed_bfloat16] [--lowest]
 
 Runs the Keras zoo model's Adam step as users run it (``train_on_batch``, default executor, Grappler on, the BFC
 allocator on the CPU; ``predict_on_batch`` with ``--mode infer``; the model built under a Keras dtype policy with
 ``--policy``) in a child process with TensorFlow's memory log on (``log_memory.cc``: ``VLOG(2)``, every
 tensor and raw allocation with its kernel, shape, requested and allocated bytes). For the step with the highest
-BFC peak it prints the peak's composition: each buffer live at the peak, the bytes requested and the bytes of the
-chunk the BFC allocator handed out (``allocated_bytes``: a free chunk under twice the request is handed out
-whole). The logging slows the kernels, so the peaks shift somewhat from unlogged runs.
+BFC peak (``--lowest``: the lowest, to see what a lean order leaves out) it prints the peak's composition: each
+buffer live at the peak, the bytes requested and the bytes of the chunk the BFC allocator handed out
+(``allocated_bytes``: a free chunk under twice the request is handed out whole). The logging slows the kernels,
+so the peaks shift somewhat from unlogged runs.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--mode", choices=("train", "infer"), default="train")
     parser.add_argument("--policy", default="float32", help="the Keras dtype policy the model is built under")
+    parser.add_argument("--lowest", action="store_true", help="show the step with the lowest peak instead")
     args = parser.parse_args(argv)
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPU_ALLOCATOR_USE_BFC": "true",
            "TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "log_memory=2"}
@@ -110,10 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no step was logged (is this TensorFlow's memory log still VLOG(2)?)", file=sys.stderr)
         return 2
     print("BFC peak per step: " + ", ".join(f"{s['peak']:,}" for s in logged))
-    worst = max(logged, key=lambda s: int(str(s["peak"])))
+    worst = (min if args.lowest else max)(logged, key=lambda s: int(str(s["peak"])))
     held = sorted(worst["at_peak"].values(), key=lambda b: -b[1])  # type: ignore[attr-defined]
     requested, allocated = sum(b[0] for b in held), sum(b[1] for b in held)
-    print(f"highest step: peak {worst['peak']:,} B; replayed from the log {worst['replayed']:,} B = "
+    which = "lowest" if args.lowest else "highest"
+    print(f"{which} step: peak {worst['peak']:,} B; replayed from the log {worst['replayed']:,} B = "
           f"{worst['start']:,} before the step + {allocated:,} in chunks for {requested:,} requested "
           f"({allocated - requested:,} B in chunks handed out beyond their requests)")
     print(f"{'requested':>12s} {'chunk':>12s}  {'shape':18s} kernel")
