@@ -29,9 +29,11 @@ LOW_SLACK = 0.01
 run (an estimate under the real peak says "fits" and then runs out of memory); the low end is the leanest order
 replayed, not a bound. One clean-clone CI process of keras_lstm measured 4,180,736 B, 0.11 % under its 4,185,344 B
 low end (oneDNN on). A step with a loop has its low end not checked: the executor runs keras_lstm leaner than
-any order replayed, and why is not known. On an AVX2-only host (oneDNN off) keras_lstm train measured 4,131,328 B in one
-CI process, 1.43 % under its 4,191,232 B low end, and single steps of 6 fresh processes there went down to
-4,018,176 B (4.1 % under; the processes' medians 4,103,680-6,264,576 B): the low end misses there (issue 18)."""
+any order replayed. On an AVX2-only host (oneDNN off) keras_lstm train measured 4,131,328 B in one CI process,
+1.43 % under its 4,191,232 B low end, and single steps of 6 fresh processes there went down to 4,018,176 B (4.1 %
+under; the processes' medians 4,103,680-6,264,576 B): the low end misses there (issue 18). The leanest logged step
+peaks late in the gradient loop with the forward loop's accumulators popped, which the replay holds whole until
+the gradient loop ends (docs/backends/keras-tensorflow.md)."""
 
 
 def test_range_holds_the_sequential_estimate() -> None:
