@@ -15,6 +15,8 @@ setup's holes: docs/backends/keras-tensorflow.md) yet within 15 % of its 27.85 M
 
 from __future__ import annotations
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -38,17 +40,21 @@ def _resnet50() -> keras.Model:
 
 APPS = {"mobilenet_v2": _mobilenet_v2, "resnet50": _resnet50}
 
+SLOW = {("tensorflow", "resnet50", "train"): 90, ("tensorflow", "mobilenet_v2", "train"): 61,
+        ("jax", "resnet50", "train"): 70, ("jax", "mobilenet_v2", "train"): 85}
+"""Training cases left out of ``make test`` (seconds each on 2 cores): with them the suites passed CI's 30 minutes
+(clean-clone runs of 1,674 and 1,878 s on an AVX2 host). XLA compiles a JAX step in the estimate and again in the
+measuring child; TensorFlow's estimate replays some 70 executor orders. torch runs all four."""
+
 
 @pytest.mark.accuracy
 @pytest.mark.parametrize("mode", ["train", "infer"])
 @pytest.mark.parametrize("name", list(APPS))
 def test_application_estimate_matches_measurement(name: str, mode: str) -> None:
-    if BACKEND == "tensorflow" and (name, mode) == ("resnet50", "train"):
-        pytest.skip("resnet50 training on TensorFlow takes 90 s here; benchmarks/tf_range.py measures it in 10 "
-                    "fresh processes against the range (docs/backends/keras-tensorflow.md)")
-    if BACKEND == "jax" and (name, mode) == ("resnet50", "train"):  # CI's 30 minutes on 2 cores
-        pytest.skip("resnet50 training on JAX takes 70 s here (XLA compiles it in the estimate and again in the "
-                    "measuring child); benchmarks/applications.py --keras jax measures it (docs/accuracy.md)")
+    slow = SLOW.get((BACKEND, name, mode))
+    if slow is not None and os.environ.get("NNMEM_ACCURACY_ALL") != "1":
+        pytest.skip(f"{name} training on {BACKEND} takes {slow} s on 2 cores, past CI's time: set "
+                    "NNMEM_ACCURACY_ALL=1; benchmarks/applications.py measures it (docs/accuracy.md)")
     model = APPS[name]()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     x = np.zeros((BATCH, *model.input_shape[1:]), "float32")
