@@ -26,29 +26,33 @@ LIMIT = 0.15  # the issue's per-case maximum error against the BFC peak (sequent
 
 CASES = [pytest.param(name, mode, id=f"{name}-{mode}") for name in FACTORIES for mode in ("train", "infer")]
 
-RUNS = 2
+RUNS = 1
 """Fresh processes each accuracy case is measured in. With the schedule pinned most peaks repeat to the byte;
 a few still move by a chunk or two with the holes the setup leaves (keras_separable_cnn infer: 3,043,840 or
-3,142,144 B), so a case passes when the estimate is within :data:`LIMIT` of a peak the step really reached in one
-of the runs."""
+3,142,144 B, 3 % apart, well inside :data:`LIMIT`), so one process decides a case (two did until stop 39: each
+TensorFlow process costs some 10 s of imports, and CI has 30 minutes on 2 cores);
+:func:`test_pinned_schedule_repeats_between_processes` measures in :data:`REPEAT_RUNS`."""
+
+REPEAT_RUNS = 2
+"""Fresh processes the repeatability test compares."""
 
 
 @functools.cache
-def _measured(name: str, mode: str) -> tuple[int, tuple[int, ...], str, list[str]]:
+def _measured(name: str, mode: str, runs: int = RUNS) -> tuple[int, tuple[int, ...], str, list[str]]:
     """(estimated peak, each run's measured peak, schedule, the estimate's "not modelled on this CPU" lines) of
-    one zoo step, :data:`RUNS` fresh processes."""
+    one zoo step, ``runs`` fresh processes."""
     import nnmem
 
     os.environ[measure.SCHEDULE_ENV] = "pinned"  # the repeatable diagnostic; test_range.py checks plain steps
     try:
         report = nnmem.measure(name, mode=mode, optimizer="adam" if mode == "train" else None, batch=BATCH,
-                               runs=RUNS, timeout_s=240)
+                               runs=runs, timeout_s=240)
     finally:
         del os.environ[measure.SCHEDULE_ENV]
     unmodelled = [line for line in str(report.meta.get("unmodelled") or "").splitlines()
                   if line.startswith("not modelled on this CPU")]
-    return (int(report.meta["estimated_peak"]), tuple(int(p) for p in report.meta["runs_peaks"]),
-            str(report.meta["schedule"]), unmodelled)
+    peaks = tuple(int(p) for p in report.meta.get("runs_peaks", [report.peak_bytes]))  # one run: its own peak
+    return int(report.meta["estimated_peak"]), peaks, str(report.meta["schedule"]), unmodelled
 
 
 def test_bfc_allocator_is_on() -> None:
@@ -112,7 +116,8 @@ def test_pinned_schedule_repeats_between_processes() -> None:
     by more than 1 % in one of two suite runs there (cause not investigated)."""
     if not onednn_enabled():
         pytest.skip("TensorFlow's oneDNN is off here: Eigen's depthwise kernels, not modelled (the estimate's note)")
-    _, peaks, _, _ = _measured("keras_separable_cnn", "train")
+    _, peaks, _, _ = _measured("keras_separable_cnn", "train", REPEAT_RUNS)
+    assert len(peaks) == REPEAT_RUNS
     assert max(peaks) - min(peaks) <= 0.01 * min(peaks), peaks
 
 
