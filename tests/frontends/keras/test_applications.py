@@ -43,8 +43,8 @@ APPS = {"mobilenet_v2": _mobilenet_v2, "resnet50": _resnet50}
 SLOW = {("tensorflow", "resnet50", "train"): 90, ("tensorflow", "mobilenet_v2", "train"): 61,
         ("jax", "resnet50", "train"): 70, ("jax", "mobilenet_v2", "train"): 85}
 """Training cases left out of ``make test`` (seconds each on 2 cores), for CI's 30 minutes: with the two
-resnet50 cases out, clean-clone runs on an AVX2 host took 1,674 and 1,878 s; with all four, resnet50's on torch
-only, 1,973 s. XLA compiles a JAX step in the estimate and again in the
+resnet50 cases out, clean-clone runs on an AVX2 host took 1,674 and 1,878 s; with all but TensorFlow's resnet50
+one, 1,973 s. XLA compiles a JAX step in the estimate and again in the
 measuring child; TensorFlow's estimate replays some 70 executor orders. torch runs all four."""
 
 
