@@ -62,6 +62,27 @@ def test_gradient_loop_iterations_in_flight_hold_their_kernel_gradients(zoo_step
     assert graph_replay.overlap == [31 * waiting]
 
 
+def test_a_lowered_gradient_loop_accumulates_into_its_zeros(zoo_step: Callable[..., Any]) -> None:
+    """The LSTM's gradient loop sums each kernel's per-iteration gradient into a loop variable that starts as a
+    ``Fill`` of zeros. The functional While kernel keeps the zeros until it returns and hands back new buffers; lowered
+    to frames (the default executor) the zeros are the sum's buffer: the kernels' and bias' gradient sums, one
+    buffer each instead of two."""
+    step = zoo_step("keras_lstm", "train", BATCH)
+    cf, _ = trace._concrete(step)
+    graph = cf.graph
+    ops = [o for o in graph.get_operations() if o.name.startswith("gradient_tape/") and
+           (o.type in replay.WHILES or (o.type == "Fill" and "/while/zeros" in o.name))]
+    assert [o.type for o in ops].count("Fill") == 3  # (64, 512), (128, 512), (512,)
+    sums = (64 + 128) * 512 * 4 + 512 * 4
+    allocated = {}
+    for lowered in (False, True):
+        graph_replay = replay.Replay(replay.functions_of(graph), lowered=lowered)
+        graph_replay.run(ops, {t.name for t in graph.inputs}, [(trace.Phase.BACKWARD, "")] * len(ops),
+                         keep=[t.name for o in ops if o.type in replay.WHILES for t in o.outputs])
+        allocated[lowered] = sum(graph_replay.sizes)
+    assert allocated[False] - allocated[True] == sums
+
+
 def test_a_loop_without_carried_arrays_does_not_overlap() -> None:
     """Only a value that depends on a carried array can make an iteration wait: a loop that only sums scalars
     (its counter and a scalar total) adds nothing to the high end, whatever its parallel_iterations."""

@@ -6,6 +6,8 @@ allocate nothing. Control flow stays functional, as on TensorFlow's sequential e
 (``common_runtime/single_threaded_executor.cc``): an ``If`` / ``While`` body is replayed on its own and its
 rise is the op's workspace; a forward ``While`` whose body pushes onto gradient accumulators
 (``TensorListPushBack``) keeps ``iterations ×`` the pushed tensors until the gradient loop consumes them.
+``Replay(lowered=True)`` runs each ``While`` as the default executor does, lowered to frames, where a loop variable
+carries on in its initial buffer (:meth:`Replay._carried_on`): the range's low end.
 
 The default executor runs a ``While`` lowered to frames (``lower_while_op.cc``, ``executor.cc``: up to the loop's
 ``parallel_iterations`` iterations in flight). An iteration's ops run as soon as their inputs exist, so a tensor
@@ -93,11 +95,13 @@ class Replay:
     """
 
     def __init__(self, functions: dict[str, Any], *, kernel_scratch: bool = True,
-                 facts: dict[Any, _Facts] | None = None) -> None:
+                 facts: dict[Any, _Facts] | None = None, lowered: bool = False) -> None:
         """``facts``: a cache of each op's order-independent facts, shared by replays of the same graph (and the same
-        ``kernel_scratch``); filled as ops are met."""
+        ``kernel_scratch``); filled as ops are met. ``lowered``: each ``While`` runs as the default executor runs it,
+        lowered to frames (:meth:`_carried_on`), instead of as the functional ``While`` kernel."""
         self.functions = functions
         self.kernel_scratch = kernel_scratch  # False on a GPU: the CPU kernels' scratch rules do not apply
+        self.lowered = lowered
         self.facts = facts if facts is not None else {}
         self.sizes: list[int] = []
         self.alloc_at: list[int] = []
@@ -227,6 +231,10 @@ class Replay:
             src.holders += uses  # the view keeps the source alive through its own consumers
             return src
         nbytes = f.out_bytes[k]
+        if self.lowered and kind in WHILES and k < len(ins):
+            carried = self._carried_on(ins[k], nbytes, uses)
+            if carried is not None:
+                return carried
         if memory is Memory.IN_PLACE and k == 0:
             for buf in ins:
                 if buf is not None and buf.owned and buf.holders == 1 and buf.nbytes == bfc_round(nbytes):
@@ -235,6 +243,23 @@ class Replay:
         if nbytes == 0:
             return _Buf(0, -1, uses, False)
         return _Buf(bfc_round(nbytes), self._new(nbytes, index, layer), uses, True)
+
+    @staticmethod
+    def _carried_on(buf: _Buf | None, nbytes: int, uses: int) -> _Buf | None:
+        """A lowered loop's variable whose initial value the loop consumed last: the value's buffer, carried on.
+
+        The functional ``While`` kernel (``functional_ops.cc``, what the sequential executor runs) keeps its arguments
+        until it returns and hands back each iteration's results as new buffers. The default executor runs the loop
+        lowered to frames (``lower_while_op.cc``): the initial value flows ``Enter`` → ``Merge`` → ``Switch`` into
+        the body as one reference, so an in-place update there (``AddN`` accumulating a weight's gradient into a
+        forwarded input, ``aggregate_ops.cc``) writes into it, and the loop's result is a buffer the body's rise
+        already counts or that initial one: the loop's zeros and its result are one buffer, not two. A shared or
+        constant initial value (Grappler folds the zeros into a ``Const``) is not forwarded: the result is new.
+        """
+        if buf is None or not buf.owned or buf.holders != 1 or buf.nbytes != bfc_round(nbytes) or nbytes == 0:
+            return None
+        buf.holders += uses
+        return buf
 
     def _accumulated(self, op: Any, k: int) -> int:
         """Bytes a While output holds: its static size, or iterations × what the body pushes onto it."""

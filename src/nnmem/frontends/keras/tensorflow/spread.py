@@ -8,7 +8,9 @@ replays (:mod:`.schedule` ``execution_order``) and the executor's orders one op 
 (``executor_waves``) and in seeded timelines where ``threads`` workers run ops of unequal durations
 (``executor_timeline``: one worker runs a chain of ops while another holds a slow kernel's inputs): replayed
 (:mod:`.replay`) and handed to the BFC allocator model (:mod:`nnmem.allocators.bfc`) with the same resident
-blocks. The low end is the bytes requested (no allocator waste), the high end the BFC chunks' bytes with each
+blocks. The low end is the bytes requested (no allocator waste), each order replayed also with its ``While`` loops
+lowered to frames as the default executor runs them (a loop variable carries on in its initial buffer:
+:meth:`.Replay._carried_on`); the high end the BFC chunks' bytes with the functional ``While``'s copies and each
 ``While`` running as many iterations at once as its ``parallel_iterations`` allows (:attr:`.Replay.overlap`).
 """
 
@@ -23,7 +25,7 @@ import tensorflow as tf
 from nnmem.allocators.bfc import BFCAllocator, bfc_round, steady_state_chunks
 from nnmem.cpu import schedulable_cpus
 from nnmem.errors import TraceError
-from nnmem.frontends.keras.tensorflow.replay import Replay, functions_of
+from nnmem.frontends.keras.tensorflow.replay import WHILES, Replay, functions_of
 from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_pool_timeline, executor_timeline, executor_waves
 from nnmem.frontends.keras.tensorflow.scratch import tensor_bytes
 from nnmem.trace import Phase
@@ -141,6 +143,7 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
             orders += [executor_pool_timeline(graph, kept, threads, seed) for seed in range(POOL_TIMELINES)]
     out = []
     functions = functions_of(graph)
+    loops = any(op.type in WHILES for op in graph.get_operations())
     facts: dict[Any, Any] = {}  # each op's order-independent facts, read once for every order
     for ops, end_at in orders:
         replay = Replay(functions, kernel_scratch=gpu is None, facts=facts)
@@ -149,11 +152,24 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
         high = [w + o for w, o in zip(workspace, replay.overlap)]  # a loop's iterations overlapping: high end only
         held, chunks, scratch = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, high,
                                                     replay.adoptions(handles), bfc=None if gpu is None else gpu())
-        out.append((peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
-                                workspace, end_at),
-                    peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at,
-                                replay.scratch_chunks(scratch, high), end_at)))
+        requested = peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
+                                workspace, end_at)
+        if loops:  # the low end: the same order with the loops lowered, as the default executor runs them
+            requested = min(requested, _lowered_peak(functions, facts, ops, end_at, inputs, keep, resident, gpu))
+        out.append((requested, peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at,
+                                           replay.scratch_chunks(scratch, high), end_at)))
     return out
+
+
+def _lowered_peak(functions: dict[str, Any], facts: dict[Any, Any], ops: list[Any], end_at: list[int] | None,
+                  inputs: set[str], keep: list[str], resident: list[tuple[int, int]], gpu: GpuBfc | None) -> int:
+    """Bytes requested at the peak of an order replayed with its ``While`` loops lowered to frames, as the default
+    executor runs them (:meth:`.Replay._carried_on`: a loop variable's initial buffer carries on). The high end
+    keeps the functional ``While``'s copies, which hold at least as much."""
+    replay = Replay(functions, kernel_scratch=gpu is None, facts=facts, lowered=True)
+    replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep, end_at=end_at)
+    return peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
+                       [w for *_, w in replay.ops], end_at)
 
 
 def _const_bytes(graph: Any, names: set[str]) -> int:
