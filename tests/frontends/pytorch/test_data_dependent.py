@@ -128,3 +128,33 @@ def test_grouped_mm_in_float32_traces() -> None:
     for mode in ("train", "infer"):
         est = nnmem.estimate(Grouped(), (x,), mode=mode, optimizer="adamw")
         assert est.peaks["tensor"] == real_tensor_peak(Grouped(), (x,), mode)
+
+
+class SkipsEveryOtherStep(torch.nn.Module):
+    """A layer that runs on odd calls only, like LayerDrop skipping it at random: on a step that skips it, its
+    parameters get no gradient, so the storages live before the next step depend on the step before."""
+
+    def __init__(self, alternate: bool) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(64, 64)
+        self.second = torch.nn.Linear(64, 64)
+        self.alternate = alternate
+        self.calls = 0
+
+    def forward(self, x: Any) -> Any:
+        self.calls += 1
+        h = self.first(x)
+        if not self.alternate or self.calls % 2 == 1:
+            h = self.second(h)
+        return h
+
+
+def test_a_layer_skipped_the_step_before_does_not_move_the_measured_peak() -> None:
+    """The measurement runs 2 warm-up steps, the tracked step, a priming step and the profiled step: with the layer
+    skipped on the priming step (the 4th call) and run on the profiled one (the 5th), the profiled step is the one
+    where it always runs, and so is its peak; counting the live storages before the priming step instead added
+    the skipped layer's gradients twice (Wav2Vec2's LayerDrop: +34,176 B, one encoder layer's gradients)."""
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    always = nnmem.measure(SkipsEveryOtherStep(alternate=False), (x,), optimizer="sgd")
+    skipped = nnmem.measure(SkipsEveryOtherStep(alternate=True), (x,), optimizer="sgd")
+    assert skipped.peaks["allocator"] == always.peaks["allocator"]

@@ -41,18 +41,21 @@ def measure_step(model: torch.nn.Module, inputs: tuple[Any, ...], *, mode: str, 
     for _ in range(WARMUP[mode]):
         run_step(model, inputs, **step)
     trace = trace_prepared(model, inputs, meta=meta, **step)
-    resident = _live_storage_bytes(model, inputs, target, opt)
+    traced_resident = _live_storage_bytes(model, inputs, target, opt)
     if packed_modules(model):  # FBGEMM's packed weights and buffers live outside c10: count malloc instead
-        return _measure_packed(model, inputs, step, trace, resident, name=name, device=device)
+        return _measure_packed(model, inputs, step, trace, traced_resident, name=name, device=device)
     with quiet_stderr():  # the priming step makes c10 warn of blocks allocated before profiling
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
             run_step(model, inputs, **step)
+        # counted after the priming step, right before the profiled one: a step that draws at random (LayerDrop
+        # skips a layer, whose parameters then have no gradient) leaves other storages live than the step before
+        resident = _live_storage_bytes(model, inputs, target, opt)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             run_step(model, inputs, **step)
     allocator_peak = resident + allocator_rise(prof)
     notes: tuple[str, ...] = ()
-    if resident != trace.resident_bytes:
-        notes = (f"live storages before the step: {resident} B counted directly, "
+    if traced_resident != trace.resident_bytes:
+        notes = (f"live storages before the step: {traced_resident} B counted directly, "
                  f"{trace.resident_bytes} B by the tracker",)
     return report_from_trace(trace, source="measure", model=name, device=device,
                              overrides={"allocator": allocator_peak}, notes=notes)
