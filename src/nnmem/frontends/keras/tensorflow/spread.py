@@ -152,22 +152,18 @@ def _peaks(graph: Any, kept: set[str], inputs: set[str], keep: list[str], thread
         high = [w + o for w, o in zip(workspace, replay.overlap)]  # a loop's iterations overlapping: high end only
         held, chunks, scratch = steady_state_chunks(resident, replay.sizes, replay.alloc_at, replay.free_at, high,
                                                     replay.adoptions(handles), bfc=None if gpu is None else gpu())
-        requested = peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
-                                workspace, end_at)
+        requested = _requested_peak(replay, resident, end_at)
         if loops:  # the low end: the same order with the loops lowered, as the default executor runs them
-            requested = min(requested, _lowered_peak(functions, facts, ops, end_at, inputs, keep, resident, gpu))
+            lowered = Replay(functions, kernel_scratch=gpu is None, facts=facts, lowered=True)
+            lowered.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep, end_at=end_at)
+            requested = min(requested, _requested_peak(lowered, resident, end_at))
         out.append((requested, peak_in_use(sum(held), chunks, replay.alloc_at, replay.free_at,
                                            replay.scratch_chunks(scratch, high), end_at)))
     return out
 
 
-def _lowered_peak(functions: dict[str, Any], facts: dict[Any, Any], ops: list[Any], end_at: list[int] | None,
-                  inputs: set[str], keep: list[str], resident: list[tuple[int, int]], gpu: GpuBfc | None) -> int:
-    """Bytes requested at the peak of an order replayed with its ``While`` loops lowered to frames, as the default
-    executor runs them (:meth:`.Replay._carried_on`: a loop variable's initial buffer carries on). The high end
-    keeps the functional ``While``'s copies, which hold at least as much."""
-    replay = Replay(functions, kernel_scratch=gpu is None, facts=facts, lowered=True)
-    replay.run(ops, inputs, [(Phase.FORWARD, "")] * len(ops), keep=keep, end_at=end_at)
+def _requested_peak(replay: Replay, resident: list[tuple[int, int]], end_at: list[int] | None) -> int:
+    """Bytes requested at the peak of a replayed order (the low end's measure: no allocator waste)."""
     return peak_in_use(sum(b for b, _ in resident), replay.sizes, replay.alloc_at, replay.free_at,
                        [w for *_, w in replay.ops], end_at)
 
