@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nnmem.allocators.bfc import BFCAllocator, bfc_round, steady_state_chunks
+from nnmem.allocators.bfc import BFC_STEPS, BFCAllocator, StepBuffers, bfc_round, resident_state, steady_state_chunks
 
 
 def test_requests_round_to_256_bytes() -> None:
@@ -97,3 +97,36 @@ def test_a_gpu_allocator_needs_its_limit() -> None:
 
     with pytest.raises(ValueError, match="memory limit"):
         BFCAllocator(growth=False)
+
+
+def test_a_step_after_steps_in_another_order_is_handed_other_chunks() -> None:
+    """The free chunks a step finds are those the steps before it left. Order B alone: its 1 MiB and 2 MiB
+    requests get chunks of their size. After two steps of order A, which moves the 256 B variable (it adopts a
+    step buffer) to the start of the first 2 MiB region, B's 1 MiB request is handed the 2,096,896 B left there
+    whole (under twice the request) and its 2 MiB one the 4 MiB region whole: 6,291,200 B instead of 3,145,984."""
+    sizes = [1 << 20, 2 << 20, 256]
+    order_a = StepBuffers(sizes, [0, 1, 2], [1, 2, 2], [0, 0, 0], adopted=[(2, 2, 0)])
+    order_b = StepBuffers(sizes, [0, 2, 1], [2, 2, 1], [0, 0, 0], adopted=[(1, 2, 0)])
+    chunks = {}
+    for name, before in (("a", order_a), ("b", order_b)):
+        state, held = resident_state([(256, 0)])
+        assert held == [256]
+        for _ in range(BFC_STEPS - 1):
+            state.step(before)
+        chunks[name], _ = state.step(order_b)
+    assert chunks["b"] == [1 << 20, 2 << 20, 256]
+    assert chunks["a"] == [2_096_896, (4 << 20) - 256, 256]
+
+
+def test_a_copied_allocator_state_replays_on_its_own() -> None:
+    """A copy replays another step from the same free chunks, leaving the original as it was."""
+    state, _ = resident_state([(256, 0), (4096, 1)])
+    step = StepBuffers([1 << 20, 3000], [0, 1], [1, 1], [0, 5000])
+    state.step(step)
+    free, in_use, where = list(state.bfc.free), state.bfc.in_use, list(state.where)
+    copied = state.copy()
+    # the 4 KiB variable adopts the new buffer: it moves into the free 4 MiB region, handed out whole
+    chunks, scratch = copied.step(StepBuffers([3 << 20], [0], [0], [0], adopted=[(0, 0, 1)]))
+    assert chunks == [4 << 20] and scratch == [0]
+    assert copied.bfc.in_use == in_use - 4096 + (4 << 20) and copied.where[1] != where[1]
+    assert state.bfc.free == free and state.bfc.in_use == in_use and state.where == where

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Sequence
+from copy import copy
+from dataclasses import dataclass
 
-__all__ = ["BFC_MAX_INTERNAL_FRAGMENTATION", "BFC_MIN_ALLOCATION", "BFC_STEPS", "BFCAllocator", "bfc_round",
-           "steady_state_chunks"]
+__all__ = ["AllocatorState", "BFC_MAX_INTERNAL_FRAGMENTATION", "BFC_MIN_ALLOCATION", "BFC_STEPS", "BFCAllocator",
+           "StepBuffers", "bfc_round", "resident_state", "steady_state_chunks"]
 
 BFC_MIN_ALLOCATION = 256
 """bfc_allocator.h: ``kMinAllocationSize = 256``, in bytes; every chunk is a multiple."""
@@ -82,6 +84,12 @@ class BFCAllocator:
         self.in_use = 0
         self.oom = False  # a request found no room under the limit
 
+    def copy(self) -> BFCAllocator:
+        """An independent copy (a chunk's entry is replaced, never changed in place: shallow copies suffice)."""
+        out = copy(self)
+        out.chunks, out.ends, out.free = dict(self.chunks), dict(self.ends), list(self.free)
+        return out
+
     def _extend(self, want: int) -> None:
         """``BFCAllocator::Extend``: add a region that serves ``want`` bytes."""
         available = None if self.limit is None else self.limit - self.reserved
@@ -141,16 +149,10 @@ class BFCAllocator:
         self._add_free(addr, size, region)
 
 
-def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc_at: list[int],
-                        free_at: list[int], workspace: list[int],
-                        adopted: Sequence[tuple[int, int, int]] = (), *,
-                        bfc: BFCAllocator | None = None) -> tuple[list[int], list[int], list[int]]:
-    """The chunk each resident block, each step block and each op's scratch gets in a steady-state step, in bytes.
+class StepBuffers:
+    """One replayed step's buffers, as the BFC allocator sees them, in the order its requests come.
 
     Args:
-        resident: (bytes, temporaries) of each block live before the step, in creation order: a block is
-            created after ``temporaries`` buffers of its size (a variable's initializer's), freed after it,
-            which leave the holes later requests are fitted into.
         sizes: bytes of each step block.
         alloc_at: the op index that allocates each step block.
         free_at: the op index after which each step block is freed (-1: after the last op).
@@ -159,12 +161,68 @@ def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc
             resident block's chunk is freed at that op and the step block's chunk stays, as the variable's,
             through the next steps (a BatchNorm's moving statistics, a metric's total: they move every step
             and split the free space the next step's buffers are fitted into).
-        bfc: the allocator to replay in, fresh (None: a CPU's, growing from 2 MiB without a limit).
+    """
 
-    Returns:
-        (chunk bytes of each resident block, of each step block and of each op's scratch (0: none) in the last
-        of :data:`BFC_STEPS`): a scratch request under half a free chunk's size gets the whole chunk (a 21.4 MB
-        im2col buffer took a 32 MiB chunk), and the allocator's in-use bytes count the chunk.
+    def __init__(self, sizes: Sequence[int], alloc_at: Sequence[int], free_at: Sequence[int],
+                 workspace: Sequence[int], adopted: Sequence[tuple[int, int, int]] = ()) -> None:
+        self.blocks = len(sizes)
+        self.ops = len(workspace)
+        born: dict[int, list[int]] = {}
+        dying: dict[int, list[int]] = {}
+        for b, (at, f) in enumerate(zip(alloc_at, free_at)):
+            born.setdefault(at, []).append(b)
+            dying.setdefault(f if f >= 0 else len(workspace) - 1, []).append(b)
+        adopting = {b: r for _, b, r in adopted}
+        # (kind, index, bytes): 0 allocates block `index`, 1 is op `index`'s scratch, 2 frees block `index`,
+        # 3 frees block `index` into the resident block `bytes` (the variable adopting it)
+        self.events: list[tuple[int, int, int]] = []
+        for i, scratch in enumerate(workspace):
+            self.events += [(0, b, sizes[b]) for b in born.get(i, ())]
+            if scratch:
+                self.events.append((1, i, scratch))
+            self.events += [(2, b, 0) if b not in adopting else (3, b, adopting[b]) for b in dying.get(i, ())]
+
+
+@dataclass
+class AllocatorState:
+    """The allocator between steps: its chunks, and where each resident block lives (adopted ones move)."""
+
+    bfc: BFCAllocator
+    where: list[int]
+
+    def copy(self) -> AllocatorState:
+        """An independent copy, to replay another step from the same free chunks."""
+        return AllocatorState(self.bfc.copy(), list(self.where))
+
+    def step(self, step: StepBuffers) -> tuple[list[int], list[int]]:
+        """Replay one step; returns (chunk bytes of each step block, of each op's scratch (0: none))."""
+        bfc = self.bfc
+        chunks = [0] * step.blocks
+        scratch_chunks = [0] * step.ops
+        addrs = [0] * step.blocks
+        for kind, index, nbytes in step.events:
+            if kind == 0:
+                addrs[index], chunks[index] = bfc.alloc(nbytes)
+            elif kind == 1:
+                addr, scratch_chunks[index] = bfc.alloc(nbytes)
+                bfc.release(addr)
+            elif kind == 2:
+                bfc.release(addrs[index])
+            else:  # the variable now lives in the block's chunk; its previous one is freed
+                bfc.release(self.where[nbytes])
+                self.where[nbytes] = addrs[index]
+        return chunks, scratch_chunks
+
+
+def resident_state(resident: list[tuple[int, int]], *,
+                   bfc: BFCAllocator | None = None) -> tuple[AllocatorState, list[int]]:
+    """The allocator after the blocks live before the first step; returns (its state, each block's chunk bytes).
+
+    Args:
+        resident: (bytes, temporaries) of each block live before the step, in creation order: a block is
+            created after ``temporaries`` buffers of its size (a variable's initializer's), freed after it,
+            which leave the holes later requests are fitted into.
+        bfc: the allocator, fresh (None: a CPU's, growing from 2 MiB without a limit).
     """
     bfc = BFCAllocator() if bfc is None else bfc
     kept: list[int] = []
@@ -176,27 +234,27 @@ def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc
         kept.append(chunk)
         for addr in reversed(held):
             bfc.release(addr)
-    born: dict[int, list[int]] = {}
-    dying: dict[int, list[int]] = {}
-    for b, (a, f) in enumerate(zip(alloc_at, free_at)):
-        born.setdefault(a, []).append(b)
-        dying.setdefault(f if f >= 0 else len(workspace) - 1, []).append(b)
-    adopting = {b: r for _, b, r in adopted}
-    chunks = [0] * len(sizes)
-    scratch_chunks = [0] * len(workspace)
+    return AllocatorState(bfc, where), kept
+
+
+def steady_state_chunks(resident: list[tuple[int, int]], sizes: list[int], alloc_at: list[int],
+                        free_at: list[int], workspace: list[int],
+                        adopted: Sequence[tuple[int, int, int]] = (), *,
+                        bfc: BFCAllocator | None = None) -> tuple[list[int], list[int], list[int]]:
+    """The chunk each resident block, each step block and each op's scratch gets in a steady-state step, in bytes.
+
+    The resident blocks (:func:`resident_state`), then :data:`BFC_STEPS` steps of the same buffers
+    (:class:`StepBuffers` says what each argument holds); chunk sizes come from the last.
+
+    Returns:
+        (chunk bytes of each resident block, of each step block and of each op's scratch (0: none) in the last
+        of :data:`BFC_STEPS`): a scratch request under half a free chunk's size gets the whole chunk (a 21.4 MB
+        im2col buffer took a 32 MiB chunk), and the allocator's in-use bytes count the chunk.
+    """
+    state, kept = resident_state(resident, bfc=bfc)
+    step = StepBuffers(sizes, alloc_at, free_at, workspace, adopted)
+    chunks: list[int] = []
+    scratch_chunks: list[int] = []
     for _ in range(BFC_STEPS):
-        addrs: dict[int, int] = {}
-        for i, scratch in enumerate(workspace):
-            for b in born.get(i, ()):
-                addrs[b], chunks[b] = bfc.alloc(sizes[b])
-            if scratch:
-                addr, scratch_chunks[i] = bfc.alloc(scratch)
-                bfc.release(addr)
-            for b in dying.get(i, ()):
-                r = adopting.get(b)
-                if r is None:
-                    bfc.release(addrs[b])
-                else:  # the variable now lives in the block's chunk; its previous one is freed
-                    bfc.release(where[r])
-                    where[r] = addrs[b]
+        chunks, scratch_chunks = state.step(step)
     return kept, chunks, scratch_chunks
