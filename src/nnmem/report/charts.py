@@ -315,7 +315,7 @@ def whatif_chart(result: WhatIf) -> Bars:
     categories = list(dict.fromkeys(c for row in rows for c in row.report.breakdown))
     series = tuple((c, tuple(max(row.report.breakdown.get(c, 0), 0) for row in rows),
                     CATEGORY_COLORS.get(c, "#888888")) for c in categories)
-    counted = result.baseline.flops > 0  # FLOPs are counted on PyTorch steps, not on Keras ones
+    counted = result.baseline.flops > 0  # counted on PyTorch steps and, by each backend, on Keras ones
     text = ("baseline",) + tuple(
         f"{'saves' if result.saved(r) >= 0 else 'costs'} {format_bytes(abs(result.saved(r)))}"
         + (f", {100 * result.extra_compute(r):+.0f} % FLOPs" if counted else "") for r in result.rows)

@@ -42,7 +42,7 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
     if w.budget_bytes is not None:
         table.add_column("batch train / infer" if compact else "largest batch train / infer", justify="right",
                          no_wrap=True)
-    counted = base.flops > 0  # FLOPs are counted on PyTorch steps
+    counted = base.flops > 0  # FLOPs are counted on PyTorch steps and, by each backend, on Keras ones
     for row in (base, *w.rows):
         saved = w.saved(row)
         share = f"{100 * saved / base.peak_bytes:+.1f} %".replace("-", "−") if base.peak_bytes else "—"
@@ -74,10 +74,13 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
     for n in sorted(rows_of):  # a note every row has is the model's; else it names the rows it is about
         which = rows_of[n]
         lines.append(f"note: {n}" if len(which) == len(w.rows) + 1 else f"note ({', '.join(which)}): {n}")
+    counter = base.report.meta.get("flops_counter")  # a Keras step's: the backend's own count
     lines.append("saved: bytes less at the peak than the baseline (negative: the technique costs memory). Extra "
-                 + ("compute: FLOPs added to the step (recomputed forwards) as torch's FlopCounterMode counts them: "
+                 + (f"compute: FLOPs added to the step (recomputed forwards) as {counter} counts them. "
+                    if counted and counter else
+                    "compute: FLOPs added to the step (recomputed forwards) as torch's FlopCounterMode counts them: "
                     "matmuls, convolutions and attention; pointwise ops and norms are not counted. " if counted else
-                    "compute: not counted on Keras steps (a dtype policy recomputes nothing). ") + IEC_NOTE)
+                    "compute: not counted on this step. ") + IEC_NOTE)
     return _render(*lines, width=width)
 
 

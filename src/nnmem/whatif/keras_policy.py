@@ -155,7 +155,9 @@ def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, 
                   batch: int | None, input_shape: Any, techniques: Iterable[str] | None, budget: Any,
                   progress: Callable[[str], None] | None) -> Any:
     """:func:`nnmem.what_if` for a Keras model or MODEL spec: the baseline and each dtype policy or
-    rematerialization scope, each traced on this process's backend (FLOPs are not counted for Keras steps)."""
+    rematerialization scope, each traced on this process's backend, with its FLOPs as the backend counts them
+    (``Report.meta["flops_counter"]``: FlopCounterMode on torch, XLA's cost analysis on JAX, TensorFlow's profiler
+    on its graph)."""
     from nnmem import _fit, estimate
     from nnmem.units import parse_size
     from nnmem.whatif.compare import TechniqueRow, WhatIf
@@ -176,7 +178,7 @@ def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, 
             train = _fit.max_batch(subject, budget=budget_bytes, mode="train", progress=progress, **fit).batch
             infer = _fit.max_batch(subject, budget=budget_bytes, mode="infer", progress=progress,
                                    **{**fit, "optimizer": None}).batch
-        return TechniqueRow(technique, description, report, 0, train, infer)
+        return TechniqueRow(technique, description, report, int(report.meta.get("flops", 0)), train, infer)
 
     def quantized_row(technique: str) -> TechniqueRow:
         if mode != "infer":

@@ -159,6 +159,8 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], gpu: tuple[int, int]
             "inputs_bytes": sum(array_nbytes(a) for a in data),
             "xla.max_conv_scratch_bytes": scratch.largest, "xla.conv_workspace_bytes": scratch.high,
             "xla.conv_workspace_low_bytes": scratch.low, "xla.runtime_bookkeeping_bytes": bookkeeping, **spread}
+    meta["flops"] = _flops(compiled)
+    meta["flops_counter"] = "XLA's cost analysis of the compiled step (every op, pointwise ones included)"
     unmodelled = []
     if _integer_dots(module):
         unmodelled.append("not modelled: integer dots (Keras's int8 matmul: s8 x s8 -> s32) run XLA's own "
@@ -177,6 +179,14 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], gpu: tuple[int, int]
     if unmodelled:
         meta["unmodelled"] = "\n".join(unmodelled)
     return Trace("keras-jax", step.mode, tuple(blocks), ops, layer_infos(step.model), meta)
+
+
+def _flops(compiled: Any) -> int:
+    """Floating-point operations of the compiled step, as XLA's ``HloCostAnalysis`` counts them (0: not given)."""
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+        cost = cost[0] if cost else None
+    return int(cost.get("flops", 0)) if isinstance(cost, dict) else 0
 
 
 def gemm_workspace(module: hlo.Module, compute_capability: tuple[int, int]) -> int:

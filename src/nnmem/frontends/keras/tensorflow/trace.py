@@ -295,6 +295,25 @@ def _gradient_blocks(ops: list[Any], replay: Replay, where: list[tuple[Phase, st
     return out
 
 
+def graph_flops(graph: Any) -> int:
+    """Floating-point operations of the graph's ops, as TensorFlow's profiler counts them (``float_operation``:
+    the ops with registered FLOP statistics: matmuls, convolutions and their gradients, pointwise ops). Ops
+    inside a loop's or a called function's body are not counted."""
+    from tensorflow.python.profiler import model_analyzer, option_builder
+
+    options = option_builder.ProfileOptionBuilder(
+        option_builder.ProfileOptionBuilder.float_operation()).with_empty_output().build()
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("ERROR")  # the profiler warns that it was designed for TensorFlow 1
+    try:
+        return int(model_analyzer.profile(graph, options=options).total_float_ops)
+    except (ValueError, TypeError, tf.errors.OpError):
+        return 0
+    finally:
+        logger.setLevel(level)
+
+
 def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = True,
                quick_range: bool = False, gpu: GpuBfc | None = None) -> Trace:
     """Estimate one Keras step on the TensorFlow backend from the graph of its ``tf.function``.
@@ -357,7 +376,9 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
             "while_loops": while_loops(graph, replay.functions),
             "allocator_model": ("BFC: 256-byte chunks, sequential schedule" if gpu is None
                                 else "GPU BFC (GPU_0_bfc): 256-byte chunks, sequential schedule"),
-            "peak_low": low, "peak_high": high, "inter_op_threads": threads}
+            "peak_low": low, "peak_high": high, "inter_op_threads": threads, "flops": graph_flops(graph),
+            "flops_counter": "TensorFlow's profiler (float_operation) on the step's graph; ops inside loops and "
+                             "called functions are not counted"}
     bodies = [op for f in replay.functions.values() if getattr(f, "graph", None) is not None
               for op in f.graph.get_operations()]  # a while loop's cell runs its matmuls in its body function
     fallback = eigen_fallback_note([*ops, *bodies], cpu.describe().flags, onednn_enabled()) if gpu is None else None

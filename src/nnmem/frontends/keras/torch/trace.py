@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import keras
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from nnmem.errors import TraceError, first_line
 from nnmem.frontends.keras.common import KerasStep, flat_arrays, layer_infos, no_gc, resident_variables
@@ -186,13 +187,19 @@ def _register(tracker: StepTracker, step: KerasStep, x: Any, y: Any) -> None:
             tracker.add_resident(leaf, Category.INPUTS)
 
 
-def trace_call(step: KerasStep, x: Any, y: Any, rules: OpRules | None, meta: dict[str, object]) -> Trace:
-    """Trace one call of the step on ``x`` and ``y`` (fake tensors with ``rules``, or real ones without)."""
+def trace_call(step: KerasStep, x: Any, y: Any, rules: OpRules | None, meta: dict[str, object], *,
+               count_flops: bool = False) -> Trace:
+    """Trace one call of the step on ``x`` and ``y`` (fake tensors with ``rules``, or real ones without).
+
+    ``count_flops``: also count the step's FLOPs (``meta["flops"]``) with torch's ``FlopCounterMode``, for a
+    fake trace only (its module hooks would add to a measured step).
+    """
     tracker = KerasTracker(rules)
     tracker.training = step.mode == "train"
     _register(tracker, step, x, y)
     owner = {id(v._value): layer for v, _, layer in resident_variables(step.model, step.mode)}
-    with tracker, tracker.layer_hooks(), _phases(tracker, step.model):
+    counter = FlopCounterMode(display=False) if count_flops else nullcontext()
+    with counter, tracker, tracker.layer_hooks(), _phases(tracker, step.model):
         tracker.begin(Phase.FORWARD)
         call_step(step, x, y)
     if step.mode == "train":
@@ -200,6 +207,9 @@ def trace_call(step: KerasStep, x: Any, y: Any, rules: OpRules | None, meta: dic
             grad = v._value.grad
             if grad is not None:
                 tracker.set_category(grad, Category.GRADIENTS, owner.get(id(v._value), ""))
+    if isinstance(counter, FlopCounterMode):
+        meta = {**meta, "flops": int(counter.get_total_flops()),
+                "flops_counter": "torch's FlopCounterMode on the step's aten ops (matmuls, convolutions, attention)"}
     trace = tracker.finish(step.mode, layer_infos(step.model), dict(meta))
     return Trace("keras-torch", trace.mode, trace.blocks, trace.ops, trace.layers, trace.meta)
 
@@ -221,7 +231,7 @@ def trace_step(step: KerasStep, *, meta: dict[str, object]) -> Trace:
                 v._value.grad = torch.zeros_like(v._value)
         step_rules = rules()
         try:
-            trace = trace_call(step, x, y, step_rules, meta)
+            trace = trace_call(step, x, y, step_rules, meta, count_flops=True)
         finally:
             for v in model.trainable_variables:
                 v._value.grad = None
