@@ -465,7 +465,7 @@ def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mod
               help=_OPTIMIZER_HELP)
 @click.option("--techniques", default=None, metavar="KIND[,KIND...]",
               help="The kinds a plan may combine: checkpoint, inplace, accumulate, optimizer-in-backward, "
-                   "fused (torch.optim's fused step) [default: all].")
+                   "fused (torch.optim's fused step); on a Keras model policy, remat [default: all but policy].")
 @click.option("--verify", is_flag=True, help="Apply the chosen plan for real and measure the step (child process).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
 def plan_command(model: str, budget: int, batch: int, input_shape: tuple[tuple[int, ...], ...],
@@ -474,7 +474,8 @@ def plan_command(model: str, budget: int, batch: int, input_shape: tuple[tuple[i
 
     Combines in-place activations, the optimizer inside backward, gradient accumulation and the optimal
     gradient-checkpointing plan (an exact search over the model's blocks); every peak is a trace of the
-    step with the techniques applied. PyTorch models.
+    step with the techniques applied. On a Keras model (KERAS_BACKEND picks the backend): keras.RematScope
+    and, with --techniques policy,remat, mixed-precision dtype policies, alone and combined.
     """
     with _progress(as_json) as progress:
         result = nnmem.plan(model, budget=budget, batch=batch, input_shape=input_shape or None,

@@ -48,7 +48,9 @@ def render_plan(p: MemoryPlan, *, width: int = 120) -> str:
     lines.append(f"{len(p.rows)} distinct combinations traced, {fitting} fit; {fitting - len(p.front)} fitting "
                  f"ones are beaten by a row above on recomputed FLOPs, micro-batches and peak")
     lines += list(p.notes)
+    counter = base.report.meta.get("flops_counter")  # a Keras step's: its backend's own count
     lines.append("Each peak is a trace of the step with the techniques applied. Recomputed: FLOPs that "
-                 "checkpointing adds (torch's FlopCounterMode: matmuls, convolutions, attention). Micro-batches: "
-                 "the same FLOPs in smaller steps (slower kernels). " + IEC_NOTE)
+                 + (f"the techniques add to the step ({counter}). " if counter else
+                    "checkpointing adds (torch's FlopCounterMode: matmuls, convolutions, attention). ")
+                 + "Micro-batches: the same FLOPs in smaller steps (slower kernels). " + IEC_NOTE)
     return _render(*lines, width=width)

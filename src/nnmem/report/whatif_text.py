@@ -76,7 +76,7 @@ def render_whatif(w: WhatIf, *, width: int = 120) -> str:
         lines.append(f"note: {n}" if len(which) == len(w.rows) + 1 else f"note ({', '.join(which)}): {n}")
     counter = base.report.meta.get("flops_counter")  # a Keras step's: the backend's own count
     lines.append("saved: bytes less at the peak than the baseline (negative: the technique costs memory). Extra "
-                 + (f"compute: FLOPs added to the step (recomputed forwards) as {counter} counts them. "
+                 + (f"compute: FLOPs added to the step (recomputed forwards; {counter}). "
                     if counted and counter else
                     "compute: FLOPs added to the step (recomputed forwards) as torch's FlopCounterMode counts them: "
                     "matmuls, convolutions and attention; pointwise ops and norms are not counted. " if counted else

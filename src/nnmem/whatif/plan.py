@@ -143,6 +143,15 @@ class MemoryPlan:
                       f"    if (i + 1) % {k} == 0:",
                       "        optimizer.step()",
                       "        optimizer.zero_grad(set_to_none=True)"]
+        if "policy" in kinds:
+            lines.append(f"keras.config.set_dtype_policy({kinds['policy']!r})  # before the model is built")
+        if "remat" in kinds:
+            scope = (f"mode={kinds['remat']!r}" if kinds["remat"] in ("full", "activations") else
+                     f"mode='list_of_layers', layer_names={kinds['remat'].split(',')!r}")
+            lines.append(f"with keras.RematScope({scope}):  # layers built here are recomputed in backward")
+            lines.append("    model = build_model()")
+        if {"policy", "remat"} & set(kinds):
+            lines.insert(0, "import keras")
         return "\n".join(lines) if lines else "# nothing to change: the step fits as it is"
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,33 +188,43 @@ def plan(model: Any, inputs: Any = None, *, budget: Any, batch: int | None = Non
     """The cheapest combination of techniques whose training step fits ``budget``, and the others that fit.
 
     Args:
-        model: a ``torch.nn.Module`` with ``inputs``, or a MODEL spec (built at ``batch`` on the meta device).
+        model: a ``torch.nn.Module`` with ``inputs``, a Keras model, or a MODEL spec (a PyTorch one built at
+            ``batch`` on the meta device). A Keras model's plan combines dtype policies and rematerialization
+            scopes on this process's backend (:mod:`nnmem.whatif.keras_plan`).
         budget: bytes or a size text ("8GiB"): the peak at the report's level must be within it.
         techniques: the kinds a plan may combine (:data:`KINDS`: "checkpoint", "inplace", "accumulate",
-            "optimizer-in-backward", "fused": torch.optim's fused step); None: all. Leave out "accumulate" where
-            micro-batches change the result (BatchNorm statistics per micro-batch) or the throughput matters more
-            than FLOPs.
+            "optimizer-in-backward", "fused": torch.optim's fused step; on a Keras model
+            :data:`~nnmem.whatif.keras_plan.KERAS_KINDS`: "policy", "remat"); None: all (on a Keras model
+            "remat": a dtype policy changes the numbers computed, so a plan takes one only when named). Leave
+            out "accumulate" where micro-batches change the result (BatchNorm statistics per micro-batch) or the
+            throughput matters more than FLOPs.
         verify: apply the chosen plan for real and measure the step in a child process (``measured``).
 
     Raises:
         ConfigError: no combination fits (the message names the smallest peak reached and how), or an
             unknown technique kind.
-        UnsupportedError: inference (no technique here changes it but in-place: use ``what_if``), or a Keras
-            model.
+        UnsupportedError: inference (no technique here changes it but in-place: use ``what_if``).
 
     Example:
         >>> p = nnmem.plan("gpt", budget="40MiB", batch=32)  # doctest: +SKIP
         >>> p.chosen.techniques, p.chosen.peak_bytes  # doctest: +SKIP
     """
+    from nnmem.frontends.base import framework_of
+    from nnmem.units import format_bytes, parse_size
+
+    if mode == "train" and framework_of(model) == "keras":
+        from nnmem.whatif.keras_plan import keras_plan
+
+        return keras_plan(model, inputs, budget_bytes=parse_size(budget), batch=batch, optimizer=optimizer,
+                          loss_fn=loss_fn, target=target, input_shape=input_shape, techniques=techniques,
+                          verify=verify, progress=progress)
     import torch
 
     from nnmem import estimate
     from nnmem.frontends.pytorch.checkpoint_search import calibrate, optimal_checkpoint
     from nnmem.frontends.pytorch.checkpointing import CheckpointPlan, step_flops
-    from nnmem.units import format_bytes, parse_size
     from nnmem.whatif.compare import _build, _first, _optimizer_variant
     from nnmem.whatif.graph_milp import solve_front
-
     if mode != "train":
         raise UnsupportedError("a plan covers training steps (checkpointing, accumulation and the optimizer in "
                                "backward change training only); for inference see `nnmem whatif --mode infer`")

@@ -129,3 +129,35 @@ def test_full_rematerialization_adds_at_least_the_forward_to_the_flops() -> None
     row = result.rows[0]
     assert row.flops - result.baseline.flops >= forward
     assert result.extra_compute(row) > 0.4
+
+
+def test_a_keras_plan_refuses_pytorch_kinds_and_says_when_nothing_fits() -> None:
+    """No dtype policy or remat scope halves keras_mlp's step (at this size a policy's copies cost more than they
+    save): at half its peak no plan fits, and the one-line error names the smallest peak found."""
+    from click.testing import CliRunner
+
+    from nnmem.cli import cli
+
+    plain = nnmem.estimate("keras_mlp", mode="train", optimizer="adam", batch=8)
+    with pytest.raises(nnmem.ConfigError, match="no plan fits .*the smallest peak found is"):
+        nnmem.plan("keras_mlp", budget=plain.peak_bytes // 2, batch=8, optimizer="adam")
+    result = CliRunner().invoke(cli, ["plan", "keras_mlp", "--budget", "1GiB", "--techniques", "checkpoint"])
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
+    assert "a Keras plan combines policy, remat" in result.stderr
+
+
+@pytest.mark.accuracy
+@pytest.mark.skipif(BACKEND != "torch", reason="exact on torch; JAX's Eigen kernels below AVX-512 are noted, and "
+                    "TensorFlow's plan holds its range's high end (benchmarks/whatif_keras.py measures both)")
+def test_a_keras_plan_under_the_baseline_applies_a_policy_whose_real_run_fits() -> None:
+    """keras_two_branch_cnn at 95 % of its own peak: a dtype policy brings it under, and the chosen plan, built
+    for real and measured in a child process, fits and equals its trace."""
+    plain = nnmem.estimate("keras_two_branch_cnn", mode="train", optimizer="adam", batch=8)
+    budget = plain.peak_bytes * 95 // 100
+    result = nnmem.plan("keras_two_branch_cnn", budget=budget, batch=8, optimizer="adam", techniques="policy",
+                        verify=True)
+    assert result.chosen.techniques and result.chosen.techniques[0].startswith("policy:")
+    assert "keras.config.set_dtype_policy(" in result.code()
+    assert result.measured is not None and result.measured.peak_bytes <= budget
+    if not result.chosen.report.meta.get("unmodelled"):
+        assert result.measured.peak_bytes == result.chosen.peak_bytes

@@ -160,7 +160,7 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], gpu: tuple[int, int]
             "xla.max_conv_scratch_bytes": scratch.largest, "xla.conv_workspace_bytes": scratch.high,
             "xla.conv_workspace_low_bytes": scratch.low, "xla.runtime_bookkeeping_bytes": bookkeeping, **spread}
     meta["flops"] = _flops(compiled)
-    meta["flops_counter"] = "XLA's cost analysis of the compiled step (every op, pointwise ones included)"
+    meta["flops_counter"] = "XLA's cost analysis of the compiled step, pointwise ops included"
     unmodelled = []
     if _integer_dots(module):
         unmodelled.append("not modelled: integer dots (Keras's int8 matmul: s8 x s8 -> s32) run XLA's own "

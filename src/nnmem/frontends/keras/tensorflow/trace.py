@@ -377,8 +377,8 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], with_range: bool = T
             "allocator_model": ("BFC: 256-byte chunks, sequential schedule" if gpu is None
                                 else "GPU BFC (GPU_0_bfc): 256-byte chunks, sequential schedule"),
             "peak_low": low, "peak_high": high, "inter_op_threads": threads, "flops": graph_flops(graph),
-            "flops_counter": "TensorFlow's profiler (float_operation) on the step's graph; ops inside loops and "
-                             "called functions are not counted"}
+            "flops_counter": "TensorFlow's profiler on the step's graph, ops inside loops and called "
+                             "functions left out"}
     bodies = [op for f in replay.functions.values() if getattr(f, "graph", None) is not None
               for op in f.graph.get_operations()]  # a while loop's cell runs its matmuls in its body function
     fallback = eigen_fallback_note([*ops, *bodies], cpu.describe().flags, onednn_enabled()) if gpu is None else None

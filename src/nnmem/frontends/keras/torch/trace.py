@@ -209,7 +209,7 @@ def trace_call(step: KerasStep, x: Any, y: Any, rules: OpRules | None, meta: dic
                 tracker.set_category(grad, Category.GRADIENTS, owner.get(id(v._value), ""))
     if isinstance(counter, FlopCounterMode):
         meta = {**meta, "flops": int(counter.get_total_flops()),
-                "flops_counter": "torch's FlopCounterMode on the step's aten ops (matmuls, convolutions, attention)"}
+                "flops_counter": "torch's FlopCounterMode on the step's aten ops: matmuls, convolutions, attention"}
     trace = tracker.finish(step.mode, layer_infos(step.model), dict(meta))
     return Trace("keras-torch", trace.mode, trace.blocks, trace.ops, trace.layers, trace.meta)
 

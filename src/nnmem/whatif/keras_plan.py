@@ -1,0 +1,158 @@
+"""A plan for a budget on a Keras model: the rematerialization scopes and, when asked, the mixed-precision dtype
+policies, alone and combined, each traced on this process's backend, as a Pareto table of extra FLOPs against
+peak, the cheapest first.
+
+Each candidate is the model built under its techniques (:func:`~nnmem.whatif.keras_policy.built_under`: a MODEL
+spec's factory called inside the policy and the scope, a model object cloned inside them) and estimated like any
+Keras step; its cost is the FLOPs it adds to the step as the backend counts them (``Report.meta["flops"]``). On
+TensorFlow, whose op order and so peak vary between processes, a candidate fits when its range's high end does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from nnmem.errors import ConfigError, ModelLoadError, TraceError, UnsupportedError
+from nnmem.report.model import Report
+from nnmem.whatif.plan import MemoryPlan, PlanRow, _pareto, _useful
+
+__all__ = ["DEFAULT_KERAS_KINDS", "KERAS_KINDS", "keras_plan"]
+
+KERAS_KINDS = ("policy", "remat")
+"""The technique kinds a Keras plan combines: a mixed-precision dtype policy, a ``keras.RematScope``."""
+
+DEFAULT_KERAS_KINDS = ("remat",)
+"""The kinds a Keras plan combines unless asked: a dtype policy changes the numbers the model computes, so, as
+for PyTorch's mixed precision, a plan picks one only when ``techniques`` names it."""
+
+_POLICIES = ("policy:mixed_bfloat16", "policy:mixed_float16")
+_REMATS = ("remat:activations", "remat:full")
+
+
+def _bound(report: Report) -> int:
+    """The peak a plan must hold to the budget: the range's high end where the step has one (TensorFlow)."""
+    return report.peak_range[1] if report.peak_range is not None else report.peak_bytes
+
+
+def _kinds(techniques: Any) -> tuple[str, ...]:
+    if techniques is None:
+        return DEFAULT_KERAS_KINDS
+    asked = tuple(techniques.split(",") if isinstance(techniques, str) else techniques)
+    unknown = [k for k in asked if k not in KERAS_KINDS]
+    if unknown:
+        raise ConfigError(f"unknown technique kind(s) for a Keras plan: {', '.join(unknown)}; a Keras plan combines "
+                          f"{', '.join(KERAS_KINDS)} (checkpoint, inplace, accumulate, optimizer-in-backward and "
+                          f"fused are PyTorch's)")
+    return asked
+
+
+@contextmanager
+def _built_under(techniques: tuple[str, ...]) -> Iterator[None]:
+    from nnmem.whatif.keras_policy import built_under
+
+    with ExitStack() as stack:
+        for technique in techniques:
+            stack.enter_context(built_under(technique))
+        yield
+
+
+def _apply(model: Any, techniques: tuple[str, ...]) -> Any:
+    """A model object rebuilt under every technique (each clone keeps the ones before it)."""
+    from nnmem.whatif.keras_policy import apply_technique
+
+    for technique in techniques:
+        model = apply_technique(model, technique)
+    return model
+
+
+def keras_plan(model: Any, inputs: Any = None, *, budget_bytes: int, batch: int | None, optimizer: Any,
+               loss_fn: Any, target: Any, input_shape: Any, techniques: Any, verify: bool,
+               progress: Callable[[str], None] | None) -> MemoryPlan:
+    """:func:`nnmem.plan` for a Keras model or MODEL spec (training; module docstring)."""
+    from nnmem import estimate
+    from nnmem.units import format_bytes
+
+    allowed = _kinds(techniques)
+    say = progress or (lambda message: None)
+    step: dict[str, Any] = {"inputs": inputs, "mode": "train", "optimizer": optimizer, "loss_fn": loss_fn,
+                            "target": target, "input_shape": input_shape, "batch": batch}
+    spec = isinstance(model, str)
+
+    def trace(combo: tuple[str, ...]) -> Report:
+        if spec:
+            with _built_under(combo):
+                return estimate(model, **step)
+        return estimate(_apply(model, combo), **step)
+
+    say("tracing the step as it is")
+    plain = trace(())
+    base_flops = int(plain.meta.get("flops", 0))
+    baseline = PlanRow((), plain, 0, base_flops, 1, _bound(plain) <= budget_bytes)
+    policies = _POLICIES if "policy" in allowed else ()
+    remats = _REMATS if "remat" in allowed else ()
+    combos = [(p,) for p in policies] + [(r,) for r in remats] + [(p, r) for p in policies for r in remats]
+    rows: list[PlanRow] = [baseline]
+    notes: list[str] = []
+    refused: set[str] = set()
+    for combo in combos:
+        if refused & set(combo):  # the backend refused one of its techniques alone
+            continue
+        say(f"tracing {' + '.join(combo)}")
+        try:
+            report = trace(combo)
+        except (TraceError, UnsupportedError, ModelLoadError, ValueError) as err:
+            reason = str(err).splitlines()[0]
+            notes.append(f"not applied: {' + '.join(combo)}: the backend refuses it on this model: {reason}")
+            if len(combo) == 1:
+                refused.add(combo[0])
+            continue
+        extra = max(0, int(report.meta.get("flops", 0)) - base_flops)
+        rows.append(PlanRow(combo, report, extra, base_flops, 1, _bound(report) <= budget_bytes))
+    if "policy" not in allowed:
+        notes.append("dtype policies change the numbers the model computes: a plan picks one only when asked "
+                     "(--techniques policy,remat)")
+    if plain.peak_range is not None:
+        notes.append("TensorFlow's op order, and so its peak, varies between processes: a plan fits when its "
+                     "range's high end does")
+    rows = sorted(_useful(rows), key=lambda r: r.cost)
+    fitting = [r for r in rows if r.fits]
+    if not fitting:
+        smallest = min(rows, key=lambda r: _bound(r.report))
+        raise ConfigError(f"no plan fits {format_bytes(budget_bytes)}; the smallest peak found is "
+                          f"{format_bytes(_bound(smallest.report))}: {smallest.label()}; try a smaller --batch or a "
+                          f"larger budget")
+    front = _pareto(fitting)
+    chosen = front[0]
+    measured = None
+    if verify:
+        say(f"measuring {chosen.label()} for real")
+        measured = _measure(model, inputs, target, loss_fn, optimizer, plain.batch or batch or 1, chosen)
+    name = model if spec else getattr(model, "name", type(model).__name__)
+    return MemoryPlan(name, plain.batch or batch or 1, budget_bytes, plain.level, baseline, tuple(rows),
+                      tuple(front), chosen, measured, tuple(notes), "keras")
+
+
+def _measure(model: Any, inputs: Any, target: Any, loss_fn: Any, optimizer: Any, batch: int,
+             chosen: PlanRow) -> Report:
+    """The chosen plan's step measured for real: the model built under its techniques, in a child process
+    (on TensorFlow in 3 fresh processes, the highest one: its peak varies between them)."""
+    import keras
+
+    from nnmem import measure
+    from nnmem.frontends.keras.frontend import from_factory
+    from nnmem.loader import resolve_factory
+
+    if isinstance(model, str):
+        with _built_under(chosen.techniques):
+            built, x, y, loss = from_factory(resolve_factory(model), batch)
+        inputs = x if inputs is None else inputs
+        target = y if target is None else target
+        loss_fn = loss if loss_fn is None else loss_fn
+    else:
+        built = _apply(model, chosen.techniques)
+    runs = 3 if keras.backend.backend() == "tensorflow" else 1
+    reports = [measure(built, inputs, target=target, loss_fn=loss_fn, optimizer=optimizer, mode="train")
+               for _ in range(runs)]
+    return max(reports, key=lambda r: r.peak_bytes)
