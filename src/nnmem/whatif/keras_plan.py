@@ -16,7 +16,7 @@ from typing import Any
 
 from nnmem.errors import ConfigError, ModelLoadError, TraceError, UnsupportedError
 from nnmem.report.model import Report
-from nnmem.whatif.plan import MemoryPlan, PlanRow, _pareto, _useful
+from nnmem.whatif.plan import MemoryPlan, PlanRow, _kinds, _pareto, _useful
 
 __all__ = ["DEFAULT_KERAS_KINDS", "KERAS_KINDS", "keras_plan"]
 
@@ -34,18 +34,6 @@ _REMATS = ("remat:activations", "remat:full")
 def _bound(report: Report) -> int:
     """The peak a plan must hold to the budget: the range's high end where the step has one (TensorFlow)."""
     return report.peak_range[1] if report.peak_range is not None else report.peak_bytes
-
-
-def _kinds(techniques: Any) -> tuple[str, ...]:
-    if techniques is None:
-        return DEFAULT_KERAS_KINDS
-    asked = tuple(techniques.split(",") if isinstance(techniques, str) else techniques)
-    unknown = [k for k in asked if k not in KERAS_KINDS]
-    if unknown:
-        raise ConfigError(f"unknown technique kind(s) for a Keras plan: {', '.join(unknown)}; a Keras plan combines "
-                          f"{', '.join(KERAS_KINDS)} (checkpoint, inplace, accumulate, optimizer-in-backward and "
-                          f"fused are PyTorch's)")
-    return asked
 
 
 @contextmanager
@@ -74,7 +62,9 @@ def keras_plan(model: Any, inputs: Any = None, *, budget_bytes: int, batch: int 
     from nnmem import estimate
     from nnmem.units import format_bytes
 
-    allowed = _kinds(techniques)
+    allowed = _kinds(techniques, KERAS_KINDS, DEFAULT_KERAS_KINDS,
+                     " on a Keras model (checkpoint, inplace, accumulate, optimizer-in-backward and fused are "
+                     "PyTorch's)")
     say = progress or (lambda message: None)
     step: dict[str, Any] = {"inputs": inputs, "mode": "train", "optimizer": optimizer, "loss_fn": loss_fn,
                             "target": target, "input_shape": input_shape, "batch": batch}

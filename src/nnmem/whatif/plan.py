@@ -346,18 +346,20 @@ def _optimizer_class(name: str | None) -> str:
     return optimizers.get((name or "sgd").partition(":")[0], "torch").build("torch").class_name
 
 
-def _kinds(techniques: Any) -> frozenset[str]:
-    """The technique kinds a plan may use (all of :data:`KINDS` for None); a comma-separated text or a list.
+def _kinds(techniques: Any, kinds: tuple[str, ...] = KINDS, default: tuple[str, ...] | None = None,
+           where: str = "") -> frozenset[str]:
+    """The technique kinds a plan may use (``default``, else all of ``kinds``, for None); a comma-separated text
+    or a list. ``where``: what the error adds after the kinds (e.g. " on a Keras model").
 
     Raises:
-        ConfigError: a kind that is not one of :data:`KINDS`.
+        ConfigError: a kind that is not one of ``kinds``.
     """
     if techniques is None:
-        return frozenset(KINDS)
+        return frozenset(kinds if default is None else default)
     asked = [t.strip() for t in (techniques.split(",") if isinstance(techniques, str) else techniques) if t.strip()]
-    unknown = [t for t in asked if t not in KINDS]
+    unknown = [t for t in asked if t not in kinds]
     if unknown or not asked:
-        raise ConfigError(f"expected techniques among {', '.join(KINDS)}. Received: {techniques!r}")
+        raise ConfigError(f"expected techniques among {', '.join(kinds)}{where}. Received: {techniques!r}")
     return frozenset(asked)
 
 
