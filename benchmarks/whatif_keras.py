@@ -1,4 +1,4 @@
-"""Keras what-if rows (dtype policies, rematerialization, quantization) against the model built that way and
+"""Keras what-if rows (dtype policies, rematerialization, quantization, accumulation) against the model built that way and
 measured, on one backend.
 
 Run:  KERAS_BACKEND=torch python benchmarks/whatif_keras.py [--models keras_mlp,keras_lstm] [--modes train,infer]
@@ -7,9 +7,10 @@ Run:  KERAS_BACKEND=torch python benchmarks/whatif_keras.py [--models keras_mlp,
 
 For each Keras zoo model (but keras_mixed_float16, already under a policy) and mode, ``nnmem.what_if`` traces
 the baseline and each row (the model's factory called under ``keras.config.set_dtype_policy`` or inside a
-``keras.RematScope``, or built and then quantized with ``Model.quantize``; rematerialization in training only,
-quantization in inference only); each row is then measured with ``nnmem.measure`` on
-a factory that builds the model the same way in the measuring process. A row gives the predicted and measured
+``keras.RematScope``, or built and then quantized with ``Model.quantize``; rematerialization and gradient
+accumulation in training only, quantization in inference only); each row is then measured with ``nnmem.measure``
+on a factory that builds the model the same way in the measuring process (``accumulate:K``: the model as it is, one
+micro-batch, ``accumulate=K``: each cycle's highest step). A row gives the predicted and measured
 peaks and the error. On TensorFlow the truth is a plain ``train_on_batch`` whose peak differs between
 processes: it is measured in ``--runs`` processes and the row says whether every run lies inside the
 estimate's range. A row whose report says a kernel path is not
@@ -37,7 +38,7 @@ from nnmem.zoo.keras_models import FACTORIES
 
 
 def make(batch):
-    if {technique!r} == "baseline":
+    if {technique!r} == "baseline" or {technique!r}.startswith("accumulate:"):  # the loop's, not the model's
         return FACTORIES[{model!r}](batch)
     if {technique!r}.startswith("quantize:"):  # Model.quantize on the built model
         built = FACTORIES[{model!r}](batch)
@@ -55,7 +56,7 @@ def rows(model: str, mode: str, batch: int, techniques: list[str], runs: int, fo
     import nnmem
 
     optimizer = "adam" if mode == "train" else None
-    other_mode = "remat:" if mode == "infer" else "quantize:"  # remat trains, quantization infers
+    other_mode = ("remat:", "accumulate:") if mode == "infer" else ("quantize:",)  # which train, which infer
     try:
         result = nnmem.what_if(model, mode=mode, batch=batch, optimizer=optimizer,
                                techniques=[t for t in techniques if not t.startswith(other_mode)]
@@ -69,8 +70,9 @@ def rows(model: str, mode: str, batch: int, techniques: list[str], runs: int, fo
         path = os.path.join(folder, f"{model}_{row.technique.replace(':', '_').replace(',', '_')}.py")
         with open(path, "w") as f:
             f.write(FACTORY.format(technique=row.technique, model=model))
-        report = nnmem.measure(f"{path}:make", mode=mode, batch=batch, optimizer=optimizer,
-                               runs=runs if tf else 1, timeout_s=600)
+        k = int(row.report.meta.get("accumulate", 1))  # one micro-batch, the optimizer accumulating over k
+        report = nnmem.measure(f"{path}:make", mode=mode, batch=row.report.batch or batch, optimizer=optimizer,
+                               accumulate=k, runs=runs if tf else 1, timeout_s=600)
         peaks = [int(p) for p in report.meta.get("runs_peaks", [report.peak_bytes])]
         predicted, measured = row.report.peak_bytes, report.peak_bytes
         low, high = row.report.peak_range or (predicted, predicted)

@@ -132,8 +132,10 @@ def estimate(model: Any, inputs: Any = None, *, mode: str = "train", optimizer: 
             ``peak_bytes`` is the reserved level from nnmem's caching-allocator model (not yet GPU-validated).
         batch: batch size for a MODEL spec (and for display).
         input_shape: shape(s) without the batch, for a spec whose factory returns only a model.
-        accumulate: gradient accumulation (PyTorch): one optimizer step over this many micro-batches, each
-            ``inputs`` (or ``batch``); the gradients of the first live through the others.
+        accumulate: gradient accumulation: one optimizer step over this many micro-batches, each ``inputs``
+            (or ``batch``); the gradients of the first live through the others. On a Keras model the optimizer
+            (given or compiled) gets ``gradient_accumulation_steps`` = this, and the estimate is the cycle's
+            update step, the highest (the measurement: each cycle's highest step).
         checkpoint: a gradient-checkpointing plan (PyTorch) applied to the model for the step: "blocks",
             "every:K", "sqrt" or "NAME[,NAME...]" (``nnmem.checkpoint_plan``).
         optimizer_in_backward: the optimizer steps inside backward (PyTorch): each parameter is updated and

@@ -111,7 +111,8 @@ def _step_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--budget", type=SizeType(), default=None, metavar="SIZE",
                      help="Memory budget, e.g. 16GiB or 16 GB: say whether the peak fits."),
         click.option("--accumulate", type=PositiveIntType(), default=1, show_default=True, metavar="K",
-                     help="Gradient accumulation (PyTorch): one optimizer step over K micro-batches of --batch."),
+                     help="Gradient accumulation: one optimizer step over K micro-batches of --batch (Keras: the "
+                          "optimizer's gradient_accumulation_steps)."),
         click.option("--checkpoint", default=None, metavar="PLAN",
                      help="Gradient checkpointing (PyTorch): blocks, every:K, sqrt or NAME[,NAME...]; see "
                           "`nnmem whatif`."),
@@ -465,7 +466,8 @@ def whatif(model: str, batch: int, input_shape: tuple[tuple[int, ...], ...], mod
               help=_OPTIMIZER_HELP)
 @click.option("--techniques", default=None, metavar="KIND[,KIND...]",
               help="The kinds a plan may combine: checkpoint, inplace, accumulate, optimizer-in-backward, "
-                   "fused (torch.optim's fused step); on a Keras model policy, remat [default: all but policy].")
+                   "fused (torch.optim's fused step); on a Keras model policy, remat, accumulate [default: all but "
+                   "policy].")
 @click.option("--verify", is_flag=True, help="Apply the chosen plan for real and measure the step (child process).")
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON.")
 def plan_command(model: str, budget: int, batch: int, input_shape: tuple[tuple[int, ...], ...],

@@ -21,24 +21,27 @@ from typing import Any
 
 from nnmem.errors import ConfigError, ModelLoadError, TraceError, UnsupportedError
 
-__all__ = ["DEFAULT_KERAS_TECHNIQUES", "KERAS_TECHNIQUES", "apply_technique", "dtype_policy", "keras_what_if"]
+__all__ = ["DEFAULT_KERAS_TECHNIQUES", "KERAS_TECHNIQUES", "apply_technique", "compiled_as_it_was", "dtype_policy",
+           "first_rows", "keras_what_if"]
 
 POLICIES = ("mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
 QUANTIZE = ("int8",)  # Model.quantize modes estimated (int4's unpacking is not yet checked; float8 is for training)
 KERAS_TECHNIQUES = (*(f"policy:{p}" for p in POLICIES), "remat:full", "remat:activations", "remat:NAME[,NAME...]",
-                    *(f"quantize:{q}" for q in QUANTIZE))
+                    *(f"quantize:{q}" for q in QUANTIZE), "accumulate:K")
 DEFAULT_KERAS_TECHNIQUES = ("policy:mixed_bfloat16", "policy:mixed_float16", "remat:full", "remat:activations",
-                            "quantize:int8")
+                            "quantize:int8", "accumulate:2")
 
 
 def policy_of(technique: str) -> str:
-    """The policy name of "policy:NAME", or "" for a "remat:..." or "quantize:..." technique.
+    """The policy name of "policy:NAME", or "" for a "remat:...", "quantize:..." or "accumulate:K" technique.
 
     Raises:
         ConfigError: not a dtype policy nnmem applies, or a remat technique without its mode or layers.
         UnsupportedError: a PyTorch technique.
     """
     kind, _, name = technique.partition(":")
+    if kind == "accumulate":
+        return ""
     if kind == "quantize":
         if name in ("int4", "float8", "gptq"):
             raise UnsupportedError(f"Model.quantize('{name}') is not estimated yet; quantize:int8 is")
@@ -70,14 +73,30 @@ def remat_scope(technique: str) -> Any:
 
 
 def built_under(technique: str) -> Any:
-    """The context a technique's model is built in: its dtype policy or its rematerialization scope."""
+    """The context a technique's model is built in: its dtype policy or its rematerialization scope.
+
+    Raises:
+        UnsupportedError: "accumulate:K", which changes the training loop, not the model.
+    """
+    _not_accumulation(technique)
     name = policy_of(technique)
     return dtype_policy(name) if name else remat_scope(technique)
+
+
+def _not_accumulation(technique: str) -> None:
+    if technique.startswith("accumulate:"):
+        raise UnsupportedError(f"{technique} changes the training loop, not the model: pass accumulate="
+                               f"{technique.partition(':')[2]} to nnmem.estimate / nnmem.measure (the optimizer's "
+                               f"gradient_accumulation_steps)")
 
 
 def describe(technique: str) -> str:
     """What a Keras technique changes, in words."""
     name = policy_of(technique)
+    if technique.startswith("accumulate:"):
+        k = technique.partition(":")[2]
+        return (f"the batch in {k} micro-batches, one train_on_batch each; the optimizer accumulates the gradients "
+                f"(gradient_accumulation_steps={k}) and updates on the last")
     if technique.startswith("quantize:"):
         mode = technique.partition(":")[2]
         return (f"Model.quantize('{mode}'): Dense / EinsumDense / Embedding kernels in {mode} with float32 scales, "
@@ -110,6 +129,7 @@ def apply_technique(model: Any, technique: str) -> Any:
     scaling under mixed_float16)."""
     import keras
 
+    _not_accumulation(technique)
     name = policy_of(technique)
     if technique.startswith("quantize:"):
         return _quantized_copy(model, technique.partition(":")[2])
@@ -149,6 +169,40 @@ def _quantized_copy(model: Any, mode: str) -> Any:
         raise UnsupportedError(f"{model.name} cannot be quantized to {mode} (Model.quantize: "
                                f"{str(err).splitlines()[0]})") from err
     return copy
+
+
+def first_rows(value: Any, n: int) -> Any:
+    """``value`` (an array or a structure of arrays; None stays None) with every array cut to its first ``n`` rows:
+    one micro-batch of the step's data."""
+    import keras
+
+    if value is None:
+        return None
+    return keras.tree.map_structure(lambda a: a[:n] if getattr(a, "shape", None) is not None and len(a.shape) else a,
+                                    value)
+
+
+@contextmanager
+def compiled_as_it_was(model: Any) -> Iterator[None]:
+    """A Keras model object is compiled again with its optimizer and loss after the block, which compiles it with
+    an accumulating optimizer (one the model was not compiled with is left without the accumulation); a MODEL
+    spec is built afresh for each step and needs nothing."""
+    from nnmem.frontends.keras.common import accumulation_steps
+
+    if isinstance(model, str):
+        yield
+        return
+    compiled = getattr(model, "compiled", False)
+    optimizer, loss = (model.optimizer, model.loss) if compiled else (None, None)
+    try:
+        yield
+    finally:
+        if compiled and model.optimizer is not optimizer:
+            model.compile(optimizer=optimizer, loss=loss)
+        elif not compiled and getattr(model, "compiled", False) and accumulation_steps(model) > 1:
+            inner = getattr(model.optimizer, "inner_optimizer", None) or model.optimizer
+            config = {**inner.get_config(), "gradient_accumulation_steps": None}
+            model.compile(optimizer=type(inner).from_config(config), loss=model.loss)
 
 
 def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, loss_fn: Any, target: Any,
@@ -193,10 +247,36 @@ def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, 
                 "loss_fn": loss if loss_fn is None else loss_fn}
         return row(technique, describe(technique), apply_technique(built, technique), data)
 
+    def accumulated_row(technique: str) -> TechniqueRow:
+        from nnmem.whatif.compare import _micro_batches
+
+        k = _micro_batches(technique, mode, baseline.report.batch)
+        micro = int(baseline.report.batch or 0) // k
+        data = {"inputs": first_rows(inputs, micro), "target": first_rows(target, micro), "accumulate": k}
+        say(f"tracing {technique}")
+        with compiled_as_it_was(model):  # the accumulating optimizer is compiled into the caller's model
+            report = estimate(model, batch=micro if inputs is None else None, **{**step, **data})
+            train = None
+            if budget_bytes is not None:  # the largest micro-batch, k of them per optimizer step
+                fit = {key: v for key, v in {**step, **data}.items() if key != "mode"}
+                train = k * _fit.max_batch(model, budget=budget_bytes, mode="train", progress=progress,
+                                           **fit).batch
+        # the same samples pass forward and backward; the accumulators' sums are all it adds
+        return TechniqueRow(technique, describe(technique), report, baseline.flops, train, baseline.infer_batch)
+
     chosen = [(technique, policy_of(technique)) for technique in asked or DEFAULT_KERAS_TECHNIQUES]
+    chosen.sort(key=lambda c: c[0].startswith("accumulate:"))  # last: they compile the model object again
     baseline = row("baseline", "the step as it is", model)
     rows, skipped = [], []
     for technique, name in chosen:
+        if technique.startswith("accumulate:"):
+            try:
+                rows.append(accumulated_row(technique))
+            except (TraceError, UnsupportedError) as err:
+                if asked is not None:
+                    raise
+                skipped.append((technique, str(err)))
+            continue
         if technique.startswith("quantize:"):
             try:
                 rows.append(quantized_row(technique))

@@ -134,7 +134,16 @@ class MemoryPlan:
                       "for p in model.parameters():",
                       "    p.register_post_accumulate_grad_hook(_step)",
                       "# the loop: loss.backward() only; no optimizer.step()"]
-        if "accumulate" in kinds:
+        keras_loop: list[str] = []
+        if "accumulate" in kinds and self.optimizer_class == "keras":
+            k = int(kinds["accumulate"])
+            keras_loop = [f"# {k} micro-batches of {self.batch // k} per optimizer step: the optimizer sums the "
+                          f"gradients of {k} train_on_batch calls",
+                          "opt = model.optimizer",
+                          f'opt = type(opt).from_config({{**opt.get_config(), "gradient_accumulation_steps": {k}}})',
+                          "model.compile(optimizer=opt, loss=model.loss)",
+                          f"model.fit(x, y, batch_size={self.batch // k})"]
+        elif "accumulate" in kinds:
             k = int(kinds["accumulate"])
             lines += [f"# {k} micro-batches of {self.batch // k} per optimizer step (a loader of batch "
                       f"{self.batch // k})",
@@ -150,6 +159,7 @@ class MemoryPlan:
                      f"mode='list_of_layers', layer_names={kinds['remat'].split(',')!r}")
             lines.append(f"with keras.RematScope({scope}):  # layers built here are recomputed in backward")
             lines.append("    model = build_model()")
+        lines += keras_loop  # once the model is built
         if {"policy", "remat"} & set(kinds):
             lines.insert(0, "import keras")
         return "\n".join(lines) if lines else "# nothing to change: the step fits as it is"

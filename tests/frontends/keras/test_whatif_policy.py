@@ -143,7 +143,7 @@ def test_a_keras_plan_refuses_pytorch_kinds_and_says_when_nothing_fits() -> None
         nnmem.plan("keras_mlp", budget=plain.peak_bytes // 2, batch=8, optimizer="adam")
     result = CliRunner().invoke(cli, ["plan", "keras_mlp", "--budget", "1GiB", "--techniques", "checkpoint"])
     assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
-    assert "expected techniques among policy, remat on a Keras model" in result.stderr
+    assert "expected techniques among policy, remat, accumulate on a Keras model" in result.stderr
 
 
 @pytest.mark.accuracy

@@ -22,8 +22,9 @@ from nnmem import optimizers
 from nnmem.errors import ConfigError, TraceError, first_line
 from nnmem.trace import Category, LayerInfo
 
-__all__ = ["KerasStep", "backend_name", "is_keras_model", "layer_infos", "make_optimizer", "no_gc",
-           "optimizer_label", "prepare", "resident_variables", "variable_nbytes", "array_nbytes", "flat_arrays"]
+__all__ = ["KerasStep", "accumulating", "accumulation_steps", "array_nbytes", "backend_name", "cycle_peaks",
+           "flat_arrays", "is_keras_model", "layer_infos", "make_optimizer", "no_gc", "optimizer_label", "prepare",
+           "resident_variables", "variable_nbytes"]
 
 def backend_name() -> str:
     """The Keras backend in this process: "torch", "jax" or "tensorflow"."""
@@ -45,6 +46,35 @@ def make_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
         return optimizer()
     raise ConfigError(f"expected an optimizer name ({', '.join(optimizers.names('keras'))}) or a "
                       f"keras.optimizers.Optimizer. Received: {optimizer!r}")
+
+
+def accumulating(optimizer: Any, steps: int) -> keras.optimizers.Optimizer:
+    """A fresh copy of ``optimizer`` (a name, class or instance; a ``LossScaleOptimizer``'s inner one, which
+    ``compile`` wraps again under ``mixed_float16``) with ``gradient_accumulation_steps=steps``: Keras's gradient
+    accumulation, one update every ``steps`` calls of ``train_on_batch``."""
+    opt = make_optimizer(optimizer)
+    opt = getattr(opt, "inner_optimizer", None) or opt
+    return type(opt).from_config({**opt.get_config(), "gradient_accumulation_steps": steps})
+
+
+def accumulation_steps(model: Any) -> int:
+    """How many ``train_on_batch`` calls the compiled optimizer accumulates gradients over before it updates the
+    variables (``gradient_accumulation_steps``; 1: it updates on every call)."""
+    opt = getattr(model, "optimizer", None)
+    for o in (opt, getattr(opt, "inner_optimizer", None)):
+        steps = getattr(o, "gradient_accumulation_steps", None)
+        if steps:
+            return int(steps)
+    return 1
+
+
+def cycle_peaks(peaks: list[int], steps: int) -> list[int]:
+    """The highest of each run of ``steps`` consecutive steps' ``peaks`` (an accumulation cycle holds one
+    update step and ``steps - 1`` that only add to the accumulators; the update decides an OOM); ``peaks`` as
+    they are for 1."""
+    if steps <= 1:
+        return list(peaks)
+    return [max(peaks[i:i + steps]) for i in range(0, len(peaks) - steps + 1, steps)]
 
 
 def optimizer_label(model: keras.Model) -> str:
@@ -103,7 +133,8 @@ def _batch_of(x: Any) -> int | None:
     return int(leaves[0].shape[0]) if leaves and len(leaves[0].shape) else None
 
 
-def prepare(model: Any, x: Any, y: Any, *, mode: str, optimizer: Any = None, loss: Any = None) -> KerasStep:
+def prepare(model: Any, x: Any, y: Any, *, mode: str, optimizer: Any = None, loss: Any = None,
+            accumulate: int = 1) -> KerasStep:
     """Compile (when needed), build the model and the optimizer's state; nothing batch-sized is allocated.
 
     Args:
@@ -112,6 +143,9 @@ def prepare(model: Any, x: Any, y: Any, *, mode: str, optimizer: Any = None, los
         mode: "train" or "infer".
         optimizer: overrides the compiled optimizer (a name, class or instance); None keeps it.
         loss: overrides the compiled loss; None keeps it.
+        accumulate: above 1, the optimizer (given or compiled) accumulates gradients over this many
+            ``train_on_batch`` calls (``gradient_accumulation_steps``); ``x`` and ``y`` are one micro-batch.
+            1 keeps an optimizer's own accumulation.
 
     Raises:
         ConfigError: a train step of a model with no loss, no target or no trainable variables.
@@ -121,14 +155,16 @@ def prepare(model: Any, x: Any, y: Any, *, mode: str, optimizer: Any = None, los
     if mode == "train":
         if y is None:
             raise ConfigError("a Keras train step needs a target: pass target=y (the y of train_on_batch)")
-        if optimizer is not None or loss is not None or not model.compiled:
+        if optimizer is not None or loss is not None or not model.compiled or \
+                accumulate not in (1, accumulation_steps(model)):
             compiled_loss = getattr(model, "loss", None) if model.compiled else None
             use_loss = loss if loss is not None else compiled_loss
             if use_loss is None:
                 raise ConfigError("the Keras model is not compiled with a loss: compile it, or pass loss_fn= "
                                   "(a Keras loss name such as 'mse' or a loss object)")
-            use_opt = make_optimizer(optimizer if optimizer is not None else
-                                     (model.optimizer if model.compiled and model.optimizer is not None else "sgd"))
+            chosen = optimizer if optimizer is not None else (
+                model.optimizer if model.compiled and model.optimizer is not None else "sgd")
+            use_opt = accumulating(chosen, accumulate) if accumulate > 1 else make_optimizer(chosen)
             model.compile(optimizer=use_opt, loss=use_loss)
         if not model.trainable_variables and model.built:
             raise ConfigError("mode='train' needs trainable variables, but every layer of the model is frozen")

@@ -21,7 +21,7 @@ import numpy as np
 from nnmem import cpu, cuda
 from nnmem.errors import ConfigError, UnsupportedError
 from nnmem.frontends.base import StepRequest
-from nnmem.frontends.keras.common import KerasStep, is_keras_model, optimizer_label, prepare
+from nnmem.frontends.keras.common import KerasStep, accumulation_steps, is_keras_model, optimizer_label, prepare
 from nnmem.frontends.keras.data import materialize, rebatch, step_data, unpack
 from nnmem.frontends.keras.gpu import KerasGpu, keras_gpu
 from nnmem.frontends.keras.transport import load_file, model_payload
@@ -72,6 +72,8 @@ def _meta(step: KerasStep, batch: int | None) -> dict[str, object]:
                                "dtype_policy": str(step.model.dtype_policy.name), **cpu.describe().meta()}
     if step.mode == "train":
         meta["optimizer"] = optimizer_label(step.model)
+        if accumulation_steps(step.model) > 1:  # the update step, the highest of the cycle (ops.cond's branch)
+            meta["accumulate"] = accumulation_steps(step.model)
         meta["trainable_bytes"] = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize
                                       for v in step.model.trainable_weights)
     return meta
@@ -138,7 +140,8 @@ def _step(request: StepRequest, batch: int) -> tuple[KerasStep, Any, tuple[str, 
         target = y if target is None else target
         loss_fn = loss if loss_fn is None else loss_fn
     x, y, note = step_data(model, inputs, target, request.input_shape, batch, request.mode)
-    step = prepare(model, unpack(x), y, mode=request.mode, optimizer=request.optimizer, loss=loss_fn)
+    step = prepare(model, unpack(x), y, mode=request.mode, optimizer=request.optimizer, loss=loss_fn,
+                   accumulate=request.accumulate)
     return step, loss_fn, (note,) if note else ()
 
 
@@ -149,9 +152,10 @@ class KerasFrontend:
 
     def load(self, request: StepRequest) -> StepRequest:
         _gpu(request)  # an unknown device or a non-CUDA accelerator fails here, with the reason
-        if request.accumulate > 1 or request.checkpoint is not None or request.optimizer_in_backward:
-            raise UnsupportedError("gradient accumulation, checkpoint plans and the optimizer in backward are "
-                                   "estimated for PyTorch models so far, not for Keras ones")
+        if request.checkpoint is not None or request.optimizer_in_backward:
+            raise UnsupportedError("checkpoint plans and the optimizer in backward are estimated for PyTorch "
+                                   "models so far; a Keras model takes keras.RematScope (nnmem whatif "
+                                   "--technique remat:full)")
         if not request.set_to_none:
             raise UnsupportedError("set_to_none applies to PyTorch's optimizer.zero_grad; a Keras step has no "
                                    "gradients between steps")
@@ -209,7 +213,7 @@ class KerasFrontend:
 
         def trace_at(batch: int) -> Trace:
             step = prepare(first.model, rebatch(first.x, batch), rebatch(first.y, batch), mode=request.mode,
-                           optimizer=request.optimizer, loss=loss_fn)
+                           optimizer=request.optimizer, loss=loss_fn, accumulate=request.accumulate)
             meta = {**_meta(step, batch), "batch": batch}
             return _trace(step, meta, gpu, **options)
 

@@ -21,7 +21,7 @@ import jax
 import keras
 
 from nnmem.errors import UnsupportedError
-from nnmem.frontends.keras.common import KerasStep, layer_infos
+from nnmem.frontends.keras.common import KerasStep, accumulation_steps, cycle_peaks, layer_infos
 from nnmem.frontends.keras.jax.trace import backend_meta, state_variables, step_data, variable_blocks
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Block, Category, Op, Phase, Trace
@@ -66,22 +66,26 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
                               else (lambda: model.predict_on_batch(x)))
     malloc = counters()
     if malloc is None:
-        live, rises, notes, extra = _rss_rises(run, step)
-        rise = max(min(rises), 0)
+        cycle = accumulation_steps(model) if step.mode == "train" else 1
+        live, rises, notes, extra = _rss_rises(run, step, cycle)
+        rise = max(min(cycle_peaks(rises, cycle)), 0)
     else:
         for _ in range(2 if step.mode == "train" else 1):
             run()
         rises = []
-        for _ in range(MEASURED_STEPS):
+        cycle = accumulation_steps(model) if step.mode == "train" else 1
+        for _ in range(MEASURED_STEPS * cycle):
             gc.collect()
             live = sum(int(a.nbytes) for a in jax.live_arrays())
             before = malloc.current()
             malloc.reset_peak()
             run()
             rises.append(malloc.peak() - before)
-        rise = max(sorted(rises)[len(rises) // 2], 0)
+        highest = cycle_peaks(rises, cycle)  # with gradient accumulation: each cycle's highest step
+        rise = max(sorted(highest)[len(highest) // 2], 0)
         notes = (f"measured: JAX arrays live before the step plus the step's rise of the malloc high-water mark "
-                 f"(every malloc and free counted by a preloaded library), median of {MEASURED_STEPS} steps",)
+                 f"(every malloc and free counted by a preloaded library), median of {MEASURED_STEPS} steps"
+                 + (f" (each the highest of an accumulation cycle of {cycle})" if cycle > 1 else ""),)
         extra = {"measure.method": "jax.live_arrays before the step + malloc high-water rise during it"}
     peak = live + rise
     trace = _measured_trace(step, rise, meta)
@@ -93,8 +97,10 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
                              overrides={"allocator": peak, "tensor": peak}, notes=notes)
 
 
-def _rss_rises(run: Callable[[], Any], step: KerasStep) -> tuple[int, list[int], tuple[str, ...], dict[str, object]]:
-    """The fallback without the malloc counter: resident-set high-water rises of three steps."""
+def _rss_rises(run: Callable[[], Any], step: KerasStep,
+               cycle: int = 1) -> tuple[int, list[int], tuple[str, ...], dict[str, object]]:
+    """The fallback without the malloc counter: resident-set high-water rises of three steps (of three
+    accumulation cycles of ``cycle`` steps)."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
     libc.mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD)
@@ -102,7 +108,8 @@ def _rss_rises(run: Callable[[], Any], step: KerasStep) -> tuple[int, list[int],
         run()
     rises = []
     live = 0
-    for _ in range(3):  # the smallest of three: a stray Python arena or thread stack touched once is not the step's
+    for _ in range(3 * cycle):  # the smallest of three: a stray Python arena or thread stack touched once is not
+        # the step's
         gc.collect()
         libc.malloc_trim(0)
         live = sum(int(a.nbytes) for a in jax.live_arrays())

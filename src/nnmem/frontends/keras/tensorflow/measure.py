@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 from nnmem.errors import ConfigError, MeasureError
-from nnmem.frontends.keras.common import KerasStep, no_gc
+from nnmem.frontends.keras.common import KerasStep, accumulation_steps, cycle_peaks, no_gc
 from nnmem.frontends.keras.tensorflow.schedule import pinned_schedule
 from nnmem.frontends.keras.tensorflow.trace import trace_step
 from nnmem.report.model import Report, report_from_trace
@@ -165,11 +165,12 @@ def _first_step_pinned(step: KerasStep, x: Any, y: Any) -> bool:
 
 
 def _steps(step: KerasStep, x: Any, y: Any) -> tuple[list[int], list[int]]:
-    """Run :data:`MEASURED_STEPS` steps after the warm-up: (each step's peak, bytes in use before each)."""
+    """Run :data:`MEASURED_STEPS` steps after the warm-up (with gradient accumulation, as many cycles):
+    (each step's peak, bytes in use before each)."""
     if step.mode == "train":
         _run(step, x, y)
     peaks, before = [], []
-    for _ in range(MEASURED_STEPS):
+    for _ in range(MEASURED_STEPS * (accumulation_steps(step.model) if step.mode == "train" else 1)):
         with no_gc():  # cyclic garbage of the step before collected, none collected during the step
             tf.config.experimental.reset_memory_stats("CPU:0")
             before.append(_memory_info()["current"])
@@ -233,10 +234,13 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object], schedul
         _run(step, x, y)
         peaks, before = _steps(step, x, y)
         how = "a plain step (default executor and thread pools, Grappler on)"
-    peak = int(sorted(peaks)[len(peaks) // 2])
+    cycle = accumulation_steps(step.model) if step.mode == "train" else 1
+    highest = cycle_peaks(peaks, cycle)  # with gradient accumulation: each cycle's highest step
+    peak = int(sorted(highest)[len(highest) // 2])
     resident = int(sorted(before)[len(before) // 2])
-    notes: tuple[str, ...] = (f"allocator peak: TensorFlow BFC bytes in use on {how}, median of {MEASURED_STEPS} steps "
-             f"({', '.join(f'{p:,}' for p in peaks)} B); {resident:,} B in use before the step (estimated "
+    steps = f"{MEASURED_STEPS} steps" if cycle == 1 else f"the highest steps of {MEASURED_STEPS} accumulation cycles"
+    notes: tuple[str, ...] = (f"allocator peak: TensorFlow BFC bytes in use on {how}, median of {steps} "
+             f"({', '.join(f'{p:,}' for p in highest)} B); {resident:,} B in use before the step (estimated "
              f"resident: {trace.resident_bytes:,} B)",)
     if schedule == "plain":
         notes += ("the default executor runs independent ops concurrently in an order that follows timing and "
@@ -245,7 +249,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object], schedul
     info = {**{k: v for k, v in trace.meta.items() if k not in ("peak_low", "peak_high", "inter_op_threads")},
             "method": "bfc_peak", "resident_measured": resident, "schedule": schedule,
             "executor": MEASURE_EXECUTOR if schedule == "pinned" else "DEFAULT",
-            "peak_min": min(peaks), "peak_max": max(peaks), "estimated_peak": estimate.peak_bytes}
+            "peak_min": min(highest), "peak_max": max(highest), "estimated_peak": estimate.peak_bytes}
     if schedule == "pinned" and not pinned:
         info["schedule"] = "executor"
     trace = Trace(trace.framework, trace.mode, trace.blocks, trace.ops, trace.layers, info)

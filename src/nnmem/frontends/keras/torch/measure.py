@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nnmem.frontends.keras.common import KerasStep, flat_arrays
+from nnmem.frontends.keras.common import KerasStep, accumulation_steps, flat_arrays
 from nnmem.frontends.keras.torch.trace import all_variables, as_torch, call_step, trace_call
 from nnmem.frontends.pytorch.measure import allocator_rise, quiet_stderr, storage_bytes
 from nnmem.report.model import Report, report_from_trace
@@ -22,20 +22,27 @@ __all__ = ["measure_step", "live_variable_bytes"]
 
 def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Report:
     """Run the Keras step for real (call inside a child process): tensor level by the tracker, allocator by the
-    profiler's ``[memory]`` events (the profiled steps run without the tracker)."""
+    profiler's ``[memory]`` events (the profiled steps run without the tracker). With gradient accumulation
+    (``gradient_accumulation_steps``) both over a whole cycle, the highest step."""
     from torch.profiler import ProfilerActivity, profile
+
+    from nnmem.simulate import simulate
 
     x = as_torch(step.x, lambda a: torch.as_tensor(a))
     y = as_torch(step.y, lambda a: torch.as_tensor(a))
+    cycle = accumulation_steps(step.model) if step.mode == "train" else 1
     for _ in range(2 if step.mode == "train" else 1):
         call_step(step, x, y)
-    trace = trace_call(step, x, y, None, meta)
+    # with gradient accumulation, every step of a cycle: the update step is the highest
+    traces = [trace_call(step, x, y, None, meta) for _ in range(cycle)]
+    trace = max(traces, key=lambda t: simulate(t).peaks["tensor"])
     resident = _live_bytes(step, x, y)
     with quiet_stderr():
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
             call_step(step, x, y)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            call_step(step, x, y)
+            for _ in range(cycle):  # the steps return to the same bytes: the rise is the highest step's
+                call_step(step, x, y)
     notes: tuple[str, ...] = ()
     if resident != trace.resident_bytes:
         notes = (f"live storages before the step: {resident} B counted directly, "
