@@ -1,5 +1,5 @@
-"""Keras what-if rows (dtype policies, rematerialization, quantization, accumulation) against the model built that way and
-measured, on one backend.
+"""Keras what-if rows (dtype policies, rematerialization, quantization, accumulation) against the model built that
+way and measured, on one backend.
 
 Run:  KERAS_BACKEND=torch python benchmarks/whatif_keras.py [--models keras_mlp,keras_lstm] [--modes train,infer]
       [--techniques policy:mixed_float16,remat:full] [--batch 8]

@@ -139,6 +139,9 @@ def keras_plan(model: Any, inputs: Any = None, *, budget_bytes: int, batch: int 
                           f"larger budget")
     front = _pareto(fitting)
     chosen = front[0]
+    if _micro(chosen.techniques) > 1 and plain.meta.get("keras_backend") == "tensorflow":
+        notes.append("on TensorFlow the range is not modelled across an accumulation cycle: a plain run of the "
+                     "chosen plan can peak a few % above its high end (--verify measures it)")
     if _micro(chosen.techniques) > 1 and any(row.kind == "BatchNormalization" for row in plain.layers):
         notes.append("the chosen plan splits the batch: BatchNormalization statistics are then computed per "
                      "micro-batch (leave accumulate out with --techniques to keep them)")

