@@ -79,20 +79,19 @@ def keras_plan(model: Any, inputs: Any = None, *, budget_bytes: int, batch: int 
     spec = isinstance(model, str)
 
     def trace(combo: tuple[str, ...]) -> Report:
-        built = tuple(t for t in combo if not t.startswith("accumulate:"))
         k = _micro(combo)
         micro = dict(step)
         if k > 1:  # one micro-batch, the optimizer accumulating over k of them
             micro.update(inputs=first_rows(inputs, base_batch // k), target=first_rows(target, base_batch // k),
                          batch=None if inputs is not None else base_batch // k, accumulate=k)
         if spec:
-            with _built_under(built):
+            with _built_under(combo):
                 return estimate(model, **micro)
         with compiled_as_it_was(model):
-            return estimate(_apply(model, built), **micro)
+            return estimate(_apply(model, combo), **micro)
 
     say("tracing the step as it is")
-    base_batch = 1
+    base_batch = 1  # the batch the micro-batches split, known once the baseline is traced
     plain = trace(())
     base_batch = plain.batch or batch or 1
     base_flops = int(plain.meta.get("flops", 0))
