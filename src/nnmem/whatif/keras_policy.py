@@ -187,7 +187,7 @@ def compiled_as_it_was(model: Any) -> Iterator[None]:
     """A Keras model object is compiled again with its optimizer and loss after the block, which compiles it with
     an accumulating optimizer (one the model was not compiled with is left without the accumulation); a MODEL
     spec is built afresh for each step and needs nothing."""
-    from nnmem.frontends.keras.common import accumulation_steps
+    from nnmem.frontends.keras.common import accumulating, accumulation_steps
 
     if isinstance(model, str):
         yield
@@ -200,9 +200,7 @@ def compiled_as_it_was(model: Any) -> Iterator[None]:
         if compiled and model.optimizer is not optimizer:
             model.compile(optimizer=optimizer, loss=loss)
         elif not compiled and getattr(model, "compiled", False) and accumulation_steps(model) > 1:
-            inner = getattr(model.optimizer, "inner_optimizer", None) or model.optimizer
-            config = {**inner.get_config(), "gradient_accumulation_steps": None}
-            model.compile(optimizer=type(inner).from_config(config), loss=model.loss)
+            model.compile(optimizer=accumulating(model.optimizer, 1), loss=model.loss)
 
 
 def keras_what_if(model: Any, inputs: Any = None, *, mode: str, optimizer: Any, loss_fn: Any, target: Any,

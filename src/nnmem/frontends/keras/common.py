@@ -23,8 +23,8 @@ from nnmem.errors import ConfigError, TraceError, first_line
 from nnmem.trace import Category, LayerInfo
 
 __all__ = ["KerasStep", "accumulating", "accumulation_steps", "array_nbytes", "backend_name", "cycle_peaks",
-           "flat_arrays", "is_keras_model", "layer_infos", "make_optimizer", "no_gc", "optimizer_label", "prepare",
-           "resident_variables", "variable_nbytes"]
+           "flat_arrays", "is_keras_model", "layer_infos", "make_optimizer", "measured_cycle", "no_gc",
+           "optimizer_label", "prepare", "resident_variables", "variable_nbytes"]
 
 def backend_name() -> str:
     """The Keras backend in this process: "torch", "jax" or "tensorflow"."""
@@ -51,10 +51,10 @@ def make_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
 def accumulating(optimizer: Any, steps: int) -> keras.optimizers.Optimizer:
     """A fresh copy of ``optimizer`` (a name, class or instance; a ``LossScaleOptimizer``'s inner one, which
     ``compile`` wraps again under ``mixed_float16``) with ``gradient_accumulation_steps=steps``: Keras's gradient
-    accumulation, one update every ``steps`` calls of ``train_on_batch``."""
+    accumulation, one update every ``steps`` calls of ``train_on_batch`` (1: every call, no accumulation)."""
     opt = make_optimizer(optimizer)
     opt = getattr(opt, "inner_optimizer", None) or opt
-    return type(opt).from_config({**opt.get_config(), "gradient_accumulation_steps": steps})
+    return type(opt).from_config({**opt.get_config(), "gradient_accumulation_steps": steps if steps > 1 else None})
 
 
 def accumulation_steps(model: Any) -> int:
@@ -66,6 +66,11 @@ def accumulation_steps(model: Any) -> int:
         if steps:
             return int(steps)
     return 1
+
+
+def measured_cycle(step: KerasStep) -> int:
+    """Steps a measurement takes together as one: a training step's accumulation cycle, else 1."""
+    return accumulation_steps(step.model) if step.mode == "train" else 1
 
 
 def cycle_peaks(peaks: list[int], steps: int) -> list[int]:

@@ -72,8 +72,9 @@ def _meta(step: KerasStep, batch: int | None) -> dict[str, object]:
                                "dtype_policy": str(step.model.dtype_policy.name), **cpu.describe().meta()}
     if step.mode == "train":
         meta["optimizer"] = optimizer_label(step.model)
-        if accumulation_steps(step.model) > 1:  # the update step, the highest of the cycle (ops.cond's branch)
-            meta["accumulate"] = accumulation_steps(step.model)
+        cycle = accumulation_steps(step.model)
+        if cycle > 1:  # the update step, the highest of the cycle (ops.cond's branch)
+            meta["accumulate"] = cycle
         meta["trainable_bytes"] = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize
                                       for v in step.model.trainable_weights)
     return meta

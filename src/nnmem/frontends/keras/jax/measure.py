@@ -21,7 +21,7 @@ import jax
 import keras
 
 from nnmem.errors import UnsupportedError
-from nnmem.frontends.keras.common import KerasStep, accumulation_steps, cycle_peaks, layer_infos
+from nnmem.frontends.keras.common import KerasStep, cycle_peaks, layer_infos, measured_cycle
 from nnmem.frontends.keras.jax.trace import backend_meta, state_variables, step_data, variable_blocks
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Block, Category, Op, Phase, Trace
@@ -65,15 +65,14 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
     run: Callable[[], Any] = ((lambda: model.train_on_batch(x, y)) if step.mode == "train"
                               else (lambda: model.predict_on_batch(x)))
     malloc = counters()
+    cycle = measured_cycle(step)  # with gradient accumulation: each cycle's highest step
     if malloc is None:
-        cycle = accumulation_steps(model) if step.mode == "train" else 1
         live, rises, notes, extra = _rss_rises(run, step, cycle)
         rise = max(min(cycle_peaks(rises, cycle)), 0)
     else:
         for _ in range(2 if step.mode == "train" else 1):
             run()
         rises = []
-        cycle = accumulation_steps(model) if step.mode == "train" else 1
         for _ in range(MEASURED_STEPS * cycle):
             gc.collect()
             live = sum(int(a.nbytes) for a in jax.live_arrays())
@@ -81,7 +80,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
             malloc.reset_peak()
             run()
             rises.append(malloc.peak() - before)
-        highest = cycle_peaks(rises, cycle)  # with gradient accumulation: each cycle's highest step
+        highest = cycle_peaks(rises, cycle)
         rise = max(sorted(highest)[len(highest) // 2], 0)
         notes = (f"measured: JAX arrays live before the step plus the step's rise of the malloc high-water mark "
                  f"(every malloc and free counted by a preloaded library), median of {MEASURED_STEPS} steps"
@@ -108,8 +107,8 @@ def _rss_rises(run: Callable[[], Any], step: KerasStep,
         run()
     rises = []
     live = 0
-    for _ in range(3 * cycle):  # the smallest of three: a stray Python arena or thread stack touched once is not
-        # the step's
+    for _ in range(3 * cycle):  # the smallest of three (cycles): a stray Python arena or thread stack touched once
+        # is not the step's
         gc.collect()
         libc.malloc_trim(0)
         live = sum(int(a.nbytes) for a in jax.live_arrays())

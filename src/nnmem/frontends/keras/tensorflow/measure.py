@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 from nnmem.errors import ConfigError, MeasureError
-from nnmem.frontends.keras.common import KerasStep, accumulation_steps, cycle_peaks, no_gc
+from nnmem.frontends.keras.common import KerasStep, cycle_peaks, measured_cycle, no_gc
 from nnmem.frontends.keras.tensorflow.schedule import pinned_schedule
 from nnmem.frontends.keras.tensorflow.trace import trace_step
 from nnmem.report.model import Report, report_from_trace
@@ -170,7 +170,7 @@ def _steps(step: KerasStep, x: Any, y: Any) -> tuple[list[int], list[int]]:
     if step.mode == "train":
         _run(step, x, y)
     peaks, before = [], []
-    for _ in range(MEASURED_STEPS * (accumulation_steps(step.model) if step.mode == "train" else 1)):
+    for _ in range(MEASURED_STEPS * measured_cycle(step)):
         with no_gc():  # cyclic garbage of the step before collected, none collected during the step
             tf.config.experimental.reset_memory_stats("CPU:0")
             before.append(_memory_info()["current"])
@@ -234,7 +234,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object], schedul
         _run(step, x, y)
         peaks, before = _steps(step, x, y)
         how = "a plain step (default executor and thread pools, Grappler on)"
-    cycle = accumulation_steps(step.model) if step.mode == "train" else 1
+    cycle = measured_cycle(step)
     highest = cycle_peaks(peaks, cycle)  # with gradient accumulation: each cycle's highest step
     peak = int(sorted(highest)[len(highest) // 2])
     resident = int(sorted(before)[len(before) // 2])

@@ -33,8 +33,8 @@ from nnmem.frontends.keras.tensorflow.schedule import PICKS, executor_pool_timel
 from nnmem.frontends.keras.tensorflow.scratch import tensor_bytes
 from nnmem.trace import Phase
 
-__all__ = ["GRAPPLER_MAX_ELEMENTS", "GpuBfc", "POOL_TIMELINES", "QUICK_POOL_TIMELINES", "TIMELINES", "grappler_graph",
-           "inter_op_threads", "oversized", "peak_in_use", "peak_range"]
+__all__ = ["GRAPPLER_MAX_ELEMENTS", "GpuBfc", "POOL_TIMELINES", "QUICK_POOL_TIMELINES", "TIMELINES", "const_bytes",
+           "grappler_graph", "inter_op_threads", "oversized", "peak_in_use", "peak_range"]
 
 GpuBfc = Callable[[], BFCAllocator]
 """A fresh GPU BFC allocator (its memory limit and growth), for each replay of a step on a GPU."""
@@ -190,10 +190,10 @@ def _requested_peak(replay: Replay, resident: list[tuple[int, int]], end_at: lis
                        [w for *_, w in replay.ops], end_at)
 
 
-def _const_bytes(graph: Any, names: set[str]) -> int:
-    """BFC bytes the graph's ``Const`` ops among ``names`` hold (a ``ConstantOp`` keeps its tensor)."""
+def const_bytes(graph: Any, names: set[str] | None = None) -> int:
+    """BFC bytes the graph's ``Const`` ops (among ``names``; None: all) hold (a ``ConstantOp`` keeps its tensor)."""
     return sum(bfc_round(tensor_bytes(op.outputs[0])) for op in graph.get_operations()
-               if op.type == "Const" and op.name in names)
+               if op.type == "Const" and (names is None or op.name in names))
 
 
 def _fetch(graph: Any, kept: set[str]) -> list[str]:
@@ -234,8 +234,8 @@ def peak_range(graph: Any, kept: set[str], resident: list[tuple[int, int]], sequ
     high = max(b for _, b in peaks)
     if rewritten is not None:
         names = {op.name for op in rewritten.get_operations()}
-        consts = _const_bytes(rewritten, names)
-        folded = max(0, consts - _const_bytes(graph, kept))
+        consts = const_bytes(rewritten, names)
+        folded = max(0, consts - const_bytes(graph, kept))
         if folded > 0:  # constants Grappler's folding made: each ConstantOp holds its tensor, like the traced ones
             resident = [*resident, (folded, 0)]
         with suppress(TraceError):  # a loop lowered to v1 control flow (NextIteration) is a cycle: left out
@@ -256,9 +256,5 @@ def _body_const_bytes(graph: Any) -> int:
     process's life (keras_two_branch_cnn with gradient accumulation: the update branch's 112 constants, 31,232 B,
     a plain run 1,536 B above the high end without them). The high end counts them; the sequential estimate, of
     the functional graph, does not."""
-    total = 0
-    for function in functions_of(graph).values():
-        body = getattr(function, "graph", None)
-        if body is not None:
-            total += sum(bfc_round(tensor_bytes(op.outputs[0])) for op in body.get_operations() if op.type == "Const")
-    return total
+    bodies = (getattr(function, "graph", None) for function in functions_of(graph).values())
+    return sum(const_bytes(body) for body in bodies if body is not None)

@@ -33,8 +33,15 @@ from nnmem.frontends.keras.common import (
 )
 from nnmem.frontends.keras.tensorflow.replay import Replay, call_depth, functions_of, loop_weight_casts, while_loops
 from nnmem.frontends.keras.tensorflow.schedule import execution_order, reachable
-from nnmem.frontends.keras.tensorflow.scratch import VIEWS, eigen_fallback_note, onednn_enabled, tensor_bytes
-from nnmem.frontends.keras.tensorflow.spread import GRAPPLER_MAX_ELEMENTS, GpuBfc, oversized, peak_in_use, peak_range
+from nnmem.frontends.keras.tensorflow.scratch import VIEWS, eigen_fallback_note, onednn_enabled
+from nnmem.frontends.keras.tensorflow.spread import (
+    GRAPPLER_MAX_ELEMENTS,
+    GpuBfc,
+    const_bytes,
+    oversized,
+    peak_in_use,
+    peak_range,
+)
 from nnmem.trace import Block, Category, Op, Phase, Trace
 
 __all__ = ["RANDOM_INITIALIZER_TEMPORARIES", "RESOURCE_HANDLE_BYTES", "trace_step"]
@@ -206,7 +213,7 @@ def _resident(step: KerasStep, graph: Any, handles: bool = True) -> tuple[list[B
         before.append(temps.get(id(v), 0))
     for leaf in flat_arrays((step.x, step.y) if step.mode == "train" else step.x):
         blocks.append(Block(len(blocks), array_nbytes(leaf), Category.INPUTS, "", Phase.SETUP, -1, -1))
-    consts = sum(bfc_round(tensor_bytes(op.outputs[0])) for op in graph.get_operations() if op.type == "Const")
+    consts = const_bytes(graph)
     if consts:  # ConstantOp keeps its tensor for the kernel's lifetime: live before and after the step
         blocks.append(Block(len(blocks), consts, Category.BUFFERS, "", Phase.SETUP, -1, -1))
     idle = _idle_variables(step, {id(v) for v, _, _ in used})  # a compiled model's optimizer and metrics

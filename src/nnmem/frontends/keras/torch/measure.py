@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nnmem.frontends.keras.common import KerasStep, accumulation_steps, flat_arrays
+from nnmem.frontends.keras.common import KerasStep, flat_arrays, measured_cycle
 from nnmem.frontends.keras.torch.trace import all_variables, as_torch, call_step, trace_call
 from nnmem.frontends.pytorch.measure import allocator_rise, quiet_stderr, storage_bytes
 from nnmem.report.model import Report, report_from_trace
@@ -30,7 +30,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
 
     x = as_torch(step.x, lambda a: torch.as_tensor(a))
     y = as_torch(step.y, lambda a: torch.as_tensor(a))
-    cycle = accumulation_steps(step.model) if step.mode == "train" else 1
+    cycle = measured_cycle(step)
     for _ in range(2 if step.mode == "train" else 1):
         call_step(step, x, y)
     # with gradient accumulation, every step of a cycle: the update step is the highest
