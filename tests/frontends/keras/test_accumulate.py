@@ -85,3 +85,22 @@ def test_a_plan_under_the_baseline_splits_the_batch_and_its_real_run_fits() -> N
     assert any("BatchNormalization statistics" in n for n in result.notes)
     assert result.measured is not None and result.measured.peak_bytes <= budget
     assert result.measured.peak_bytes == result.chosen.peak_bytes
+
+
+def test_what_keras_cannot_take_is_one_line_and_exit_2() -> None:
+    """The CLI's errors around accumulation on a Keras model: a K the batch does not divide, a PyTorch checkpoint
+    plan; and the API refuses to build a model "under" accumulation, which is the training loop's."""
+    from click.testing import CliRunner
+
+    from nnmem.cli import cli
+
+    for args, says in ((["whatif", "keras_mlp", "--batch", "8", "--technique", "accumulate:3"], "does not divide by 3"),
+                       (["estimate", "keras_mlp", "--checkpoint", "blocks"], "keras.RematScope"),
+                       (["estimate", "keras_mlp", "--mode", "infer", "--accumulate", "2"], "infer")):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert len(result.stderr.splitlines()) == 1 and says in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.output
+    model, *_ = FACTORIES["keras_mlp"](4)
+    with pytest.raises(nnmem.UnsupportedError, match="changes the training loop, not the model"):
+        nnmem.apply_technique(model, "accumulate:2")
