@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nnmem.cpu import describe, schedulable_cpus
+from nnmem.frontends.keras.jax import eigen_contraction
 from nnmem.frontends.keras.jax.hlo import (
     NO_BUFFER,
     Conv,
@@ -165,26 +166,62 @@ def _sequential_packing(lhs: int, rhs: int) -> int:
     return min(_EIGEN_PACKING, aligned(lhs) + aligned(rhs))
 
 
-def _eigen_convolution(ins: Instruction, module: Module, threads: int) -> int:
+def _eigen_convolution(ins: Instruction, module: Module, threads: int, low: bool = False) -> int:
     """XLA's own convolution (``xla/backends/cpu/runtime/conv_impl.h``, ``EigenConv2DImpl``: per feature group,
-    ``extract_image_patches`` then a contraction): an im2col buffer of the output, one group at a time, and
-    Eigen's packing buffer (calibrated: 8x32x32x3 -> 16, 3x3 and 5x5 SAME). With one output feature per group
-    the contraction runs sequentially (``TensorContractionThreadPool.h`` ``evalProductImpl``: ``if (n == 1)
-    num_threads = 1``), its blocks no larger than the im2col matrix and the group's kernel."""
+    ``extract_image_patches`` then a contraction).
+
+    Where the sgemm under Eigen is ported (AVX2, :func:`.eigen_contraction.ported`) and the convolution has one
+    group: the contraction's own buffers (:func:`.eigen_contraction.contraction_scratch`: the output features by
+    the output positions, over the window times the input channels; the packed image patches are the im2col).
+    Otherwise the calibration of AVX-512 hosts: an im2col buffer of the output, one group at a time, and Eigen's
+    packing buffer (8x32x32x3 -> 16, 3x3 and 5x5 SAME). With one output feature per group the contraction runs
+    sequentially (``TensorContractionThreadPool.h`` ``evalProductImpl``: ``if (n == 1) num_threads = 1``), its
+    blocks no larger than the im2col matrix and the group's kernel."""
     c = conv(ins, module.types)
     if c is None or not c.window:
         return 0
     spatial = math.prod(c.out[c.out_labels.index(str(k))] for k in range(len(c.window)))
     rows = math.prod(c.window) * (c.dim("f") // c.groups) * c.item
-    im2col = c.dim("b") * spatial * rows
     features = c.out[c.out_labels.index("f")] // c.groups
+    if c.groups == 1 and c.item == 4 and eigen_contraction.ported():
+        held = eigen_contraction.contraction_scratch(features, c.dim("b") * spatial, rows // c.item,
+                                                     threads=_threads(), caches=eigen_contraction.host_caches(),
+                                                     patches=True)
+        return held.low if low else held.high
+    im2col = c.dim("b") * spatial * rows
     return im2col + (_sequential_packing(im2col, rows * features) if features == 1 else _EIGEN_PACKING)
 
 
-def _eigen_dot(ins: Instruction, module: Module, threads: int) -> int:
-    """XLA's own dot (``xla/backends/cpu/runtime/dot_thunk.cc``, an Eigen contraction): the packing buffer of
-    Eigen's ``TensorContractionThreadPool.h`` (calibrated: keras_mlp's weight-gradient dots)."""
-    return _EIGEN_PACKING
+def _dot_dims(ins: Instruction, module: Module) -> tuple[int, int, int] | None:
+    """(m, n, k) of a ``dot`` in Eigen's column-major terms: XLA's ``MatMul`` of a row-major ``[rows, cols]``
+    output per batch element contracts with ``m`` = cols, ``n`` = rows (``dot_lib.h``); None where the text
+    lacks a shape."""
+    out, lhs = shape(ins.type), shape(module.types.get(ins.operands[0], "")) if ins.operands else None
+    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", ins.rest)
+    if out is None or lhs is None or contracting is None:
+        return None
+    batch = re.search(r"lhs_batch_dims=\{([\d,]*)\}", ins.rest)
+    batch_dims = [int(d) for d in batch.group(1).split(",") if d] if batch else []
+    summed = [int(d) for d in contracting.group(1).split(",") if d]
+    lhs_free = len(lhs[0]) - len(summed) - len(batch_dims)
+    free = out[0][len(batch_dims):]
+    rows, cols = math.prod(free[:lhs_free]), math.prod(free[lhs_free:])
+    if re.search(r"\]\{0,1\}", ins.type):  # a column-major output: the roles swap
+        rows, cols = cols, rows
+    return cols, rows, math.prod(lhs[0][d] for d in summed)
+
+
+def _eigen_dot(ins: Instruction, module: Module, threads: int, low: bool = False) -> int:
+    """XLA's own dot (``xla/backends/cpu/runtime/dot_thunk.cc``, an Eigen contraction, one batch element at a
+    time): where the sgemm under Eigen is ported (AVX2), the contraction's buffers
+    (:func:`.eigen_contraction.contraction_scratch`); otherwise the packing buffer calibrated on AVX-512 hosts
+    (keras_mlp's weight-gradient dots)."""
+    out = shape(ins.type)
+    dims = _dot_dims(ins, module) if eigen_contraction.ported() and out is not None and out[1] == 4 else None
+    if dims is None:
+        return _EIGEN_PACKING
+    held = eigen_contraction.contraction_scratch(*dims, threads=_threads(), caches=eigen_contraction.host_caches())
+    return held.low if low else held.high
 
 
 def _ynn_fusion(ins: Instruction, module: Module, threads: int, *, sliced: bool = False) -> int:
@@ -201,7 +238,7 @@ def _ynn_fusion(ins: Instruction, module: Module, threads: int, *, sliced: bool 
     return held + brief
 
 
-_ENTRY_RULES: dict[str, Callable[[Instruction, Module, int], int]] = {
+_ENTRY_RULES: dict[str, Callable[[Instruction, Module, int, bool], int]] = {
     "convolution": _eigen_convolution,
     "dot": _eigen_dot,
 }
@@ -212,7 +249,7 @@ def _scratch(ins: Instruction, module: Module, threads: int, *, sliced: bool = F
     rule = _ENTRY_RULES.get(ins.opcode)
     if rule is None and ins.called is not None and _YNN_FUSION in ins.rest:
         return _ynn_fusion(ins, module, threads, sliced=sliced)
-    return rule(ins, module, threads) if rule is not None else 0
+    return rule(ins, module, threads, sliced) if rule is not None else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,15 +325,25 @@ def rounded_convolution_fusions(module: Module) -> list[str]:
 
 
 def eigen_uncalibrated(module: Module) -> int:
-    """How many of the step's top-level convolutions and dots run XLA's own Eigen contractions on a CPU without
-    AVX-512, where their packing buffers (:data:`_EIGEN_PACKING`, calibrated with AVX-512) differ: Eigen's blocking
-    follows the vector width and the caches (``evaluateProductBlockingSizesHeuristic``, the thread pool's
-    ``packed_mem_``). Measured on an AVX2-only AMD EPYC (Zen 3), jitted ``a.T @ b`` contractions packed 23,040 to
-    79,896 B, not 74,184 B; keras_mlp's step came out 5.5 % below the estimate, keras_two_branch_cnn's 6.4 % above
-    its high end. Not ported: 0 with AVX-512."""
-    if "avx512f" in describe().flags:
+    """How many of the step's top-level convolutions and dots run XLA's own Eigen contractions whose scratch is
+    neither ported nor calibrated on this CPU. With oneDNN's AVX2 kernels (:func:`.eigen_contraction.ported`) the
+    contraction is ported, except convolutions of several feature groups (``EigenConv2DImpl`` slices each group's
+    input and contracts the groups side by side: measured 2 x 374,464 B packed where the port of one group gives
+    32,320 B) and non-float32 operands; with AVX-512 the calibrated packing buffer stands (0); below AVX2 (AVX
+    kernels: another no-copy workspace and copy blocking) none is."""
+    if describe().isa_at_least("avx512_core"):
         return 0
-    return sum(1 for ins in module.entry_body if ins.opcode in _ENTRY_RULES)
+    ours = [ins for ins in module.entry_body if ins.opcode in _ENTRY_RULES]
+    if not eigen_contraction.ported():
+        return len(ours)
+
+    def modelled(ins: Instruction) -> bool:
+        out = shape(ins.type)
+        if out is None or out[1] != 4:
+            return False
+        c = conv(ins, module.types) if ins.opcode == "convolution" else None
+        return ins.opcode == "dot" or (c is not None and c.groups == 1)
+    return sum(1 for ins in ours if not modelled(ins))
 
 
 def runtime_bookkeeping(module: Module, outputs: int) -> int:

@@ -167,9 +167,9 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], gpu: tuple[int, int]
                           "contraction, whose packing buffers are not modelled; the allocator level may be higher")
     eigen = eigen_uncalibrated(module) if gpu is None else 0
     if eigen:
-        unmodelled.append(f"not modelled: {eigen} convolution(s) / dot(s) on XLA's own Eigen kernels on a CPU without "
-                          "AVX-512, whose packing buffers follow the vector width and caches (calibrated with "
-                          "AVX-512 only): the allocator level may be a few % higher or lower (docs/cpu-isa.md)")
+        unmodelled.append(f"not modelled: {eigen} convolution(s) / dot(s) on XLA's own Eigen kernels whose scratch is "
+                          "not ported for this CPU (oneDNN's sgemm below AVX2, grouped convolutions, non-float32 "
+                          "operands): the allocator level may be a few % higher or lower (docs/cpu-isa.md)")
     rounded = rounded_convolution_fusions(module)
     if rounded and gpu is None:
         unmodelled.append(f"not modelled: {len(rounded)} YNNPACK fusion(s) round convolutions' values to 16 bits "
