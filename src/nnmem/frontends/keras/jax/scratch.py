@@ -38,9 +38,15 @@ _EIGEN_ALIGN = 64
 """``EIGEN_MAX_ALIGN_BYTES`` with AVX-512: each packed block is rounded up to it (``TensorContractionKernel::
 allocate``)."""
 _YNN_BLOCK = 128 * 1024
-"""Bytes of a YNNPACK packing / tiling block, one per worker thread (calibrated: 131,144 B mallocs)."""
+"""Bytes of a YNNPACK reduction's tiling block, one per worker thread (calibrated: 131,144 B mallocs)."""
+_YNN_BLOCK_N = 64
+"""``block_n`` of YNNPACK's float32 dot kernel, where its task tiles start growing (:func:`_dot_splits`)."""
 _DOT_PACK_ROWS = 64
-"""Rows from which a YNNPACK dot packs its right operand (calibrated: 8 rows pack nothing, 64 and 512 do)."""
+"""With AVX-512, rows from which a YNNPACK dot packs a right operand it does not transpose (calibrated: 8 rows
+pack nothing, 64 and 512 do)."""
+_UNPACKED_BLOCK_M = 6
+"""With AVX2, ``block_m`` of YNNPACK's float32 dot kernel for an unpacked right operand: ``should_pack_b`` packs
+when A splits into more than 10 such blocks per batch (measured: 60 rows do not pack, 61 do)."""
 _UNIT_LEAD_COPIES = {True: 5, False: 1}
 """Copies of its operand a YNNPACK reduction over the last dimension holds when the fusion computes that operand
 and its outermost dimension is 1, by whether the CPU has AVX-512 (YNNPACK picks its kernels by the CPU's vector
@@ -110,8 +116,12 @@ def _ynn_convolution(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
 
 def _ynn_dot(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
     """YNNPACK dot: its result in full when the fusion only reshapes it, in full each operand an op of the fusion
-    computes; from :data:`_DOT_PACK_ROWS` rows its right operand packed in blocks of up to :data:`_YNN_BLOCK`,
-    one per worker thread (calibrated: keras_conv1d_gru's GRU projection, 64x512 @ 512x512, 512x64 @ 64x256)."""
+    computes; its right operand packed in blocks of up to :data:`_YNN_BLOCK`, one per worker thread, when
+    ``should_pack_b`` (``ynnpack/subgraph/dot.cc``) packs it: always when the dot contracts the right operand's
+    last dimension (a transposed B: ``always_alias_transpose`` packs it with the transpose; measured with AVX2 at
+    2 to 128 rows), else when the left operand is large against it (AVX2: more than 10 blocks of
+    :data:`_UNPACKED_BLOCK_M` rows per batch; AVX-512: from :data:`_DOT_PACK_ROWS` rows). Calibrated:
+    keras_conv1d_gru's GRU projection, 64x512 @ 512x512, 512x64 @ 64x256."""
     if len(ins.operands) < 2:
         return 0, 0
     lhs, rhs = shape(fusion.types.get(ins.operands[0], "")), shape(fusion.types.get(ins.operands[1], ""))
@@ -125,10 +135,53 @@ def _ynn_dot(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
         source = through_reinterpret(operand, fusion.named)
         if source is not None and source.opcode not in ("parameter", "constant", "broadcast", "iota"):
             held += nbytes(source.type) or 0  # produced in the fusion: read from a full buffer
-    rhs_bytes = math.prod(rhs[0]) * rhs[1]
-    if math.prod(out[0][:-1]) < _DOT_PACK_ROWS:
+    if not _packs_rhs(ins, out[0], rhs[0]):
         return held, 0
-    return held, rhs_bytes if rhs_bytes <= _YNN_BLOCK else fusion.threads * _YNN_BLOCK
+    batches = len(_dims(ins, "lhs_batch_dims"))
+    rows, cols = math.prod(out[0][batches:-1]), out[0][-1]
+    depth = math.prod(lhs[0][d] for d in _dims(ins, "lhs_contracting_dims")) or 1
+    split_n, split_k = _dot_splits(rows, cols, depth)
+    tiles = min(fusion.threads, -(-cols // split_n))
+    return held, tiles * min(split_n, cols) * split_k * rhs[1]
+
+
+def _dims(ins: Instruction, key: str) -> list[int]:
+    """A dot's dimension list attribute (``lhs_contracting_dims`` ...)."""
+    found = re.search(key + r"=\{([\d,]*)\}", ins.rest)
+    return [int(d) for d in found.group(1).split(",") if d] if found else []
+
+
+def _dot_splits(m: int, n: int, k: int) -> tuple[int, int]:
+    """(split_n, split_k) of a YNNPACK dot's tasks (``ynnpack/subgraph/dot.cc``, ``choose_split_factors``): a worker
+    packs the right operand one split_n x split_k tile at a time. Square-ish tiles from 16 x :data:`_YNN_BLOCK_N`,
+    grown by doubling until their area reaches min(m, 64) x min(n, 64) and then (m + n) x k reaches 64 Ki or the
+    area 256 x 256, aspect ratio 4; split_k is k rounded up to 64 from 64."""
+    k_cost = min(k, 1024)
+    min_area, max_area, max_cost, aspect = min(m, 64) * min(n, 64), 256 * 256, 1024 * 64, 4
+    split_n, split_m = min(n, _YNN_BLOCK_N), min(m, 16)
+    while True:
+        if split_n * split_m >= min_area and ((split_m + split_n) * k_cost >= max_cost or
+                                             split_m * split_n >= max_area):
+            break
+        if (aspect * split_n <= split_m or split_m >= m) and split_n < n:
+            split_n *= 2
+        elif (split_m <= aspect * split_n or split_n >= n) and split_m < m:
+            split_m *= 2
+        else:
+            break
+    return min(split_n, 65536), (-(-k // 64) * 64 if k >= 64 else k)
+
+
+def _packs_rhs(ins: Instruction, out: list[int], rhs: list[int]) -> bool:
+    """Whether YNNPACK packs a dot's right operand (see :func:`_ynn_dot`)."""
+    batch, contracted = _dims(ins, "rhs_batch_dims"), _dims(ins, "rhs_contracting_dims")
+    if len(rhs) - len(batch) - len(contracted) >= 1 and contracted == [len(rhs) - 1]:
+        return True  # B is [n, k]: packed with its transpose
+    batches = math.prod(out[:len(_dims(ins, "lhs_batch_dims"))])
+    rows = math.prod(out[:-1]) // max(batches, 1)
+    if "avx512f" in describe().flags:
+        return rows * batches >= _DOT_PACK_ROWS
+    return -(-rows // _UNPACKED_BLOCK_M) * batches > 10 * math.prod(rhs[i] for i in batch)
 
 
 def _ynn_reduce(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
