@@ -54,6 +54,12 @@ extensions, not by oneDNN's cap). Calibrated with single jitted ``sum(a * b, axi
 Zen 4, Xeon Sapphire Rapids) f32[1,8,4,64,64], [1,32,64,64], [1,8,4,64,32], [1,512,64] held 5.03-5.07 times the
 operand; with AVX2 only (AMD EPYC Zen 3) the same shapes and [1,8,4,64,16], [1,8,4,64,128] 1.02-1.20 times (a
 further 9-18 KB not modelled); [8,4,64,64], [32,64,64], [2,8,4,64,64]: tiles only on both."""
+_YNN_CALL = 6_704
+"""Bytes a YNNPACK fusion call holds while it runs besides its tiles: a 1,216 B aligned block and some 5.5 KB of
+small ones (the slinky pipeline's evaluation). Calibrated with the malloc counter on single jitted fusions, a dot
+(8x64 @ 64x256, with and without a ReLU), a 64x64 dot and a 3x3 convolution: 6,633-6,801 B above the rules and
+the runtime bookkeeping, their mean; keras_mlp and keras_subclassed inference measured 7-10 KB above the
+estimate without it."""
 _YNN_FUSION = "__ynn_fusion"
 """The ``fusion_config`` kind of a fusion XLA:CPU hands to YNNPACK (``kYnnFusionKind``,
 ``xla/backends/cpu/ynn_support.h``)."""
@@ -288,7 +294,7 @@ def _ynn_fusion(ins: Instruction, module: Module, threads: int, *, sliced: bool 
         if rule is not None:
             h, b = rule(op, fusion)
             held, brief = held + h, max(brief, b)
-    return held + brief
+    return held + brief + _YNN_CALL
 
 
 _ENTRY_RULES: dict[str, Callable[[Instruction, Module, int, bool], int]] = {
