@@ -349,3 +349,32 @@ def test_ynnpack_dots_pack_their_right_operand_as_modelled() -> None:
                            env={"KERAS_BACKEND": "jax"})
     slack = 8192  # a YNNPACK call's own small blocks, not modelled: 5.7 KB above the rules here, under a tile
     assert all(low - slack <= measured <= high + slack for measured, low, high in results), results
+
+
+def test_a_loop_body_holds_the_scratch_of_its_largest_instruction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recurrent layer's ``while`` runs its body's instructions, whose scratch counts like the entry's: keras_lstm's
+    gradient loop packs its 128x512 recurrent kernel (262,207 B in the malloc log) inside the body."""
+    monkeypatch.setattr(scratch, "_threads", lambda: 2)
+    module = hlo.parse(
+        "HloModule m\n"
+        "%fused (p0: f32[8,512], p1: f32[128,512]) -> f32[8,128] {\n"
+        "  %p0 = f32[8,512]{1,0} parameter(0)\n"
+        "  %p1 = f32[128,512]{1,0} parameter(1)\n"
+        "  ROOT %d = f32[8,128]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={1}\n"
+        "}\n"
+        "%body (s: (f32[8,512], f32[128,512])) -> (f32[8,512], f32[128,512]) {\n"
+        "  %s = (f32[8,512]{1,0}, f32[128,512]{1,0}) parameter(0)\n"
+        "  %a = f32[8,512]{1,0} get-tuple-element(%s), index=0\n"
+        "  %w = f32[128,512]{1,0} get-tuple-element(%s), index=1\n"
+        "  %f = f32[8,128]{1,0} fusion(%a, %w), kind=kCustom, calls=%fused, "
+        'backend_config={"fusion_config":{"kind":"__ynn_fusion"}}\n'
+        "  ROOT %t = (f32[8,512]{1,0}, f32[128,512]{1,0}) tuple(%a, %w)\n"
+        "}\n"
+        "ENTRY %main (a: f32[8,512], w: f32[128,512]) -> (f32[8,512], f32[128,512]) {\n"
+        "  %a = f32[8,512]{1,0} parameter(0)\n"
+        "  %w = f32[128,512]{1,0} parameter(1)\n"
+        "  %t = (f32[8,512]{1,0}, f32[128,512]{1,0}) tuple(%a, %w)\n"
+        "  ROOT %l = (f32[8,512]{1,0}, f32[128,512]{1,0}) while(%t), condition=%cond, body=%body\n"
+        "}\n")
+    assert scratch._dot_splits(8, 128, 512) == (128, 512)  # one tile covers the whole transposed B
+    assert scratch.fusion_workspace(module).high == 128 * 512 * 4 + scratch._YNN_CALL

@@ -303,8 +303,17 @@ _ENTRY_RULES: dict[str, Callable[[Instruction, Module, int, bool], int]] = {
 }
 
 
-def _scratch(ins: Instruction, module: Module, threads: int, *, sliced: bool = False) -> int:
-    """Scratch of one top-level instruction, in bytes: its kind's rule, a YNNPACK fusion's, or none."""
+def _scratch(ins: Instruction, module: Module, threads: int, *, sliced: bool = False, depth: int = 0) -> int:
+    """Scratch of one top-level instruction, in bytes: its kind's rule, a YNNPACK fusion's, the largest of the
+    instructions of the loop body, call or branches it runs (a recurrent layer's ``while``: keras_lstm's
+    gradient loop packs its 128x512 recurrent kernel, 262,207 B, inside the body), or none."""
+    if ins.opcode in ("while", "call", "conditional") and depth < 8:
+        bodies = [name for name in re.findall(r"(?:body|to_apply)=%([\w.\-]+)", ins.rest)]
+        branches = re.search(r"branch_computations=\{([^}]*)\}", ins.rest)
+        if branches:
+            bodies += re.findall(r"%([\w.\-]+)", branches.group(1))
+        return max((_scratch(inner, module, threads, sliced=sliced, depth=depth + 1)
+                    for body in bodies for inner in module.computations.get(body, [])), default=0)
     rule = _ENTRY_RULES.get(ins.opcode)
     if rule is None and ins.called is not None and _YNN_FUSION in ins.rest:
         return _ynn_fusion(ins, module, threads, sliced=sliced)
