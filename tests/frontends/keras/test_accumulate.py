@@ -72,7 +72,7 @@ def test_what_if_splits_the_batch_and_leaves_the_callers_model_as_it_was() -> No
 
 
 @pytest.mark.accuracy
-@pytest.mark.skipif(BACKEND != "torch", reason="exact on torch; JAX's Eigen kernels below AVX-512 are noted, and "
+@pytest.mark.skipif(BACKEND != "torch", reason="exact on torch; JAX's steps take one of two peaks (its range), and "
                     "TensorFlow's plan holds its range's high end (benchmarks/whatif_keras.py measures both)")
 def test_a_plan_under_the_baseline_splits_the_batch_and_its_real_run_fits() -> None:
     """keras_two_branch_cnn at batch 16 and 60 % of its peak: no rematerialization scope gets there, 2 micro-batches

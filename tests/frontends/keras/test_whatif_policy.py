@@ -147,7 +147,7 @@ def test_a_keras_plan_refuses_pytorch_kinds_and_says_when_nothing_fits() -> None
 
 
 @pytest.mark.accuracy
-@pytest.mark.skipif(BACKEND != "torch", reason="exact on torch; JAX's Eigen kernels below AVX-512 are noted, and "
+@pytest.mark.skipif(BACKEND != "torch", reason="exact on torch; JAX's steps take one of two peaks (its range), and "
                     "TensorFlow's plan holds its range's high end (benchmarks/whatif_keras.py measures both)")
 def test_a_keras_plan_under_the_baseline_applies_a_policy_whose_real_run_fits() -> None:
     """keras_two_branch_cnn at 95 % of its own peak: a dtype policy brings it under, and the chosen plan, built
