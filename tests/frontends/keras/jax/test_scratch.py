@@ -378,3 +378,25 @@ def test_a_loop_body_holds_the_scratch_of_its_largest_instruction(monkeypatch: p
         "}\n")
     assert scratch._dot_splits(8, 128, 512) == (128, 512)  # one tile covers the whole transposed B
     assert scratch.fusion_workspace(module).high == 128 * 512 * 4 + scratch._YNN_CALL
+
+
+def test_an_eigen_dot_inside_a_loop_body_is_counted_where_it_is_not_modelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(eigen_contraction, "ported", lambda: False)
+    monkeypatch.setattr(scratch, "describe", lambda: dataclasses.replace(cpu.describe(), isa="avx"))
+    module = hlo.parse(
+        "HloModule m\n"
+        "%body (s: (f32[8,64], f32[8,32])) -> (f32[8,64], f32[8,32]) {\n"
+        "  %s = (f32[8,64]{1,0}, f32[8,32]{1,0}) parameter(0)\n"
+        "  %a = f32[8,64]{1,0} get-tuple-element(%s), index=0\n"
+        "  %b = f32[8,32]{1,0} get-tuple-element(%s), index=1\n"
+        "  %d = f32[64,32]{1,0} dot(%a, %b), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+        "  ROOT %t = (f32[8,64]{1,0}, f32[8,32]{1,0}) tuple(%a, %b)\n"
+        "}\n"
+        "ENTRY %main (a: f32[8,64], b: f32[8,32]) -> (f32[8,64], f32[8,32]) {\n"
+        "  %a = f32[8,64]{1,0} parameter(0)\n"
+        "  %b = f32[8,32]{1,0} parameter(1)\n"
+        "  %t = (f32[8,64]{1,0}, f32[8,32]{1,0}) tuple(%a, %b)\n"
+        "  ROOT %l = (f32[8,64]{1,0}, f32[8,32]{1,0}) while(%t), condition=%cond, body=%body\n"
+        "}\n")
+    assert scratch.eigen_uncalibrated(module) == 1
+    assert scratch.fusion_workspace(module).high == scratch._EIGEN_PACKING  # the calibrated figure, noted

@@ -122,8 +122,8 @@ def _ynn_convolution(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
 
 def _ynn_dot(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
     """YNNPACK dot: its result in full when the fusion only reshapes it, in full each operand an op of the fusion
-    computes; its right operand packed in blocks of up to :data:`_YNN_BLOCK`, one per worker thread, when
-    ``should_pack_b`` (``ynnpack/subgraph/dot.cc``) packs it: always when the dot contracts the right operand's
+    computes; its right operand packed, one :func:`_dot_splits` tile per worker thread, when ``should_pack_b``
+    (``ynnpack/subgraph/dot.cc``) packs it: always when the dot contracts the right operand's
     last dimension (a transposed B: ``always_alias_transpose`` packs it with the transpose; measured with AVX2 at
     2 to 128 rows), else when the left operand is large against it (AVX2: more than 10 blocks of
     :data:`_UNPACKED_BLOCK_M` rows per batch; AVX-512: from :data:`_DOT_PACK_ROWS` rows). Calibrated:
@@ -256,12 +256,10 @@ def _dot_dims(ins: Instruction, module: Module) -> tuple[int, int, int] | None:
     output per batch element contracts with ``m`` = cols, ``n`` = rows (``dot_lib.h``); None where the text
     lacks a shape."""
     out, lhs = shape(ins.type), shape(module.types.get(ins.operands[0], "")) if ins.operands else None
-    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", ins.rest)
-    if out is None or lhs is None or contracting is None:
+    summed = _dims(ins, "lhs_contracting_dims")
+    if out is None or lhs is None or not summed:
         return None
-    batch = re.search(r"lhs_batch_dims=\{([\d,]*)\}", ins.rest)
-    batch_dims = [int(d) for d in batch.group(1).split(",") if d] if batch else []
-    summed = [int(d) for d in contracting.group(1).split(",") if d]
+    batch_dims = _dims(ins, "lhs_batch_dims")
     lhs_free = len(lhs[0]) - len(summed) - len(batch_dims)
     free = out[0][len(batch_dims):]
     rows, cols = math.prod(free[:lhs_free]), math.prod(free[lhs_free:])
@@ -303,17 +301,28 @@ _ENTRY_RULES: dict[str, Callable[[Instruction, Module, int, bool], int]] = {
 }
 
 
-def _scratch(ins: Instruction, module: Module, threads: int, *, sliced: bool = False, depth: int = 0) -> int:
+def _bodies(ins: Instruction) -> list[str]:
+    """The computations a ``while`` (its body), ``call`` or ``conditional`` (its branches) runs; none for others."""
+    if ins.opcode not in ("while", "call", "conditional"):
+        return []
+    branches = re.search(r"branch_computations=\{([^}]*)\}", ins.rest)
+    return re.findall(r"(?:body|to_apply)=%([\w.\-]+)", ins.rest) + \
+        (re.findall(r"%([\w.\-]+)", branches.group(1)) if branches else [])
+
+
+def _run_by(ins: Instruction, module: Module, depth: int = 0) -> list[Instruction]:
+    """The instructions of the loop bodies, calls and branches ``ins`` runs, nested ones included."""
+    inner = [op for body in _bodies(ins) for op in module.computations.get(body, [])]
+    return inner + [nested for op in inner for nested in _run_by(op, module, depth + 1)] if depth < 8 else []
+
+
+def _scratch(ins: Instruction, module: Module, threads: int, *, sliced: bool = False) -> int:
     """Scratch of one top-level instruction, in bytes: its kind's rule, a YNNPACK fusion's, the largest of the
     instructions of the loop body, call or branches it runs (a recurrent layer's ``while``: keras_lstm's
     gradient loop packs its 128x512 recurrent kernel, 262,207 B, inside the body), or none."""
-    if ins.opcode in ("while", "call", "conditional") and depth < 8:
-        bodies = [name for name in re.findall(r"(?:body|to_apply)=%([\w.\-]+)", ins.rest)]
-        branches = re.search(r"branch_computations=\{([^}]*)\}", ins.rest)
-        if branches:
-            bodies += re.findall(r"%([\w.\-]+)", branches.group(1))
-        return max((_scratch(inner, module, threads, sliced=sliced, depth=depth + 1)
-                    for body in bodies for inner in module.computations.get(body, [])), default=0)
+    if _bodies(ins):
+        return max((_scratch(op, module, threads, sliced=sliced) for op in _run_by(ins, module)
+                    if not _bodies(op)), default=0)
     rule = _ENTRY_RULES.get(ins.opcode)
     if rule is None and ins.called is not None and _YNN_FUSION in ins.rest:
         return _ynn_fusion(ins, module, threads, sliced=sliced)
@@ -401,7 +410,7 @@ def eigen_uncalibrated(module: Module) -> int:
     kernels: another no-copy workspace and copy blocking) none is."""
     if describe().isa_at_least("avx512_core"):
         return 0
-    ours = [ins for ins in module.entry_body if ins.opcode in _ENTRY_RULES]
+    ours = [op for ins in module.entry_body for op in (ins, *_run_by(ins, module)) if op.opcode in _ENTRY_RULES]
     if not eigen_contraction.ported():
         return len(ours)
 
