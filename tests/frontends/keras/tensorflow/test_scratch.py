@@ -65,13 +65,13 @@ def _graph_ops(step: Any) -> list[Any]:
 def test_a_float16_step_names_its_unmodelled_eigen_kernels_on_a_cpu_without_avx512_fp16(
         zoo_step: Callable[..., Any]) -> None:
     @tf.function
-    def depthwise(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
-        return tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "SAME")
+    def conv3d(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+        return tf.nn.conv3d(x, w, [1, 1, 1, 1, 1], "SAME")
 
-    graph_ops = depthwise.get_concrete_function(tf.TensorSpec((4, 8, 8, 16), tf.half),
-                                                tf.TensorSpec((3, 3, 16, 1), tf.half)).graph.get_operations()
+    graph_ops = conv3d.get_concrete_function(tf.TensorSpec((4, 6, 8, 8, 16), tf.half),
+                                             tf.TensorSpec((3, 3, 3, 16, 8), tf.half)).graph.get_operations()
     note = scratch.eigen_fallback_note(graph_ops, ("avx2", "avx512f", "avx512bw"))
-    assert note is not None and "float16" in note and "DepthwiseConv2dNative" in note
+    assert note is not None and "float16" in note and "Conv3D" in note
     assert scratch.eigen_fallback_note(graph_ops, ("avx512bw", "avx512_fp16")) is None
     assert "TF_ENABLE_ONEDNN_OPTS=0" in str(scratch.eigen_fallback_note(graph_ops, ("avx512bw", "avx512_fp16"),
                                                                          onednn=False))
@@ -139,6 +139,60 @@ def test_eigen_conv_backprop_and_half_matmul_scratch_match_tensorflow() -> None:
     assert by_case["input 3x3x32x64, 1x16x16"] == 16 * 16 * 288 * 2  # one image's patches
 
 
+def _depthwise_rises() -> list[tuple[str, int, int, int, int]]:
+    """In a fresh TensorFlow with oneDNN off (:data:`_EIGEN_ENV`): TensorFlow's own depthwise kernels, (case, the BFC
+    peak's rise over one call, the output's BFC bytes, the rule's scratch, the rule's scratch on one thread)."""
+    import tensorflow as tf_child
+
+    from nnmem.frontends.keras.tensorflow import scratch as rules
+
+    def rise(fn: Any, *args: Any) -> tuple[int, int, int, int]:
+        fn(*args)
+        graph_op = next(o for o in fn.get_concrete_function(*args).graph.get_operations()
+                        if o.type.startswith("DepthwiseConv2dNative"))
+        tf_child.config.experimental.reset_memory_stats("CPU:0")
+        before = tf_child.config.experimental.get_memory_info("CPU:0")["current"]
+        out = fn(*args)
+        peak = tf_child.config.experimental.get_memory_info("CPU:0")["peak"]
+        return (peak - before, bfc_round(int(out.shape.num_elements()) * 4), rules.scratch_bytes(graph_op),
+                rules.depthwise_scratch(graph_op, threads=1))
+
+    def zeros(*shape: int) -> Any:
+        return tf_child.zeros(shape)
+
+    conv = {"strides": [1, 1, 1, 1], "padding": "SAME"}
+    forward = tf_child.function(lambda x, w: tf_child.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **conv))
+
+    def input_grad(sizes: list[int]) -> Any:
+        return tf_child.function(lambda w, dy: tf_child.raw_ops.DepthwiseConv2dNativeBackpropInput(
+            input_sizes=sizes, filter=w, out_backprop=dy, **conv))
+
+    def filter_grad(sizes: list[int]) -> Any:
+        return tf_child.function(lambda x, dy: tf_child.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+            input=x, filter_sizes=sizes, out_backprop=dy, **conv))
+
+    return [
+        ("forward 5x5x30, 16x12x12", *rise(forward, zeros(16, 12, 12, 30), zeros(5, 5, 30, 1))),
+        ("forward 3x3x32x2, 4x20x20", *rise(forward, zeros(4, 20, 20, 32), zeros(3, 3, 32, 2))),
+        ("input 5x5x30, 16x12x12", *rise(input_grad([16, 12, 12, 30]), zeros(5, 5, 30, 1), zeros(16, 12, 12, 30))),
+        ("filter 5x5x30, 16x12x12", *rise(filter_grad([5, 5, 30, 1]), zeros(16, 12, 12, 30), zeros(16, 12, 12, 30))),
+        ("filter 7x7x13x3, 64x10x10", *rise(filter_grad([7, 7, 13, 3]), zeros(64, 10, 10, 13), zeros(64, 10, 10, 39))),
+        ("filter 3x3x64, 1x10x10", *rise(filter_grad([3, 3, 64, 1]), zeros(1, 10, 10, 64), zeros(1, 10, 10, 64))),
+    ]
+
+
+def test_eigen_depthwise_scratch_matches_tensorflow() -> None:
+    """TensorFlow's own depthwise kernels (oneDNN off: the default on a CPU without AVX512_VNNI, AVX512_BF16,
+    AVX_VNNI or AMX): packet-padded windows per shard, the padded filter, and the filter gradient's per-image sums
+    (a 64-image 7x7 filter gradient: 501,760 B for a 7,644 B output). The rise over a call lies between the rule on
+    one thread and the rule on the pool's threads (how many windows overlap follows timing)."""
+    from nnmem.runner.child import run_in_child
+
+    for case, rise, out, scratch_bytes, one_thread in run_in_child(_depthwise_rises, timeout_s=240, env=_EIGEN_ENV):
+        assert scratch_bytes > 0, case
+        assert out + one_thread <= rise <= out + scratch_bytes, (case, rise, out, scratch_bytes, one_thread)
+
+
 def _bfc_in_use_after(first_mib: int, second_mib: int) -> int:
     """In a fresh TensorFlow with the BFC allocator on the CPU: the bytes in use once a ``first_mib`` tensor was
     freed and a ``second_mib`` one made in its place."""
@@ -175,21 +229,21 @@ def test_the_unmodelled_kernel_note_looks_inside_while_loop_bodies() -> None:
     import nnmem
     from nnmem import cpu
 
-    class LoopedDepthwise(keras.layers.Layer):  # a depthwise convolution run in a while loop's body function
+    class LoopedConv3D(keras.layers.Layer):  # a 3-D convolution run in a while loop's body function
         def build(self, shape: Any) -> None:
-            self.w = self.add_weight(shape=(3, 3, shape[-1], 1))
+            self.w = self.add_weight(shape=(3, 3, 3, shape[-1], shape[-1]))
 
         def call(self, x: Any) -> Any:
             def body(_: Any, y: Any) -> Any:
-                return tf.nn.depthwise_conv2d(y, tf.cast(self.w, y.dtype), [1, 1, 1, 1], "SAME")
+                return tf.nn.conv3d(y, tf.cast(self.w, y.dtype), [1, 1, 1, 1, 1], "SAME")
 
             return keras.ops.fori_loop(0, 2, body, x)
 
-    inputs = keras.Input((8, 8, 4))
-    model = keras.Model(inputs, LoopedDepthwise(dtype="mixed_float16")(inputs))
-    report = nnmem.estimate(model, np.zeros((2, 8, 8, 4), np.float32), mode="infer")
+    inputs = keras.Input((4, 8, 8, 4))
+    model = keras.Model(inputs, LoopedConv3D(dtype="mixed_float16")(inputs))
+    report = nnmem.estimate(model, np.zeros((2, 4, 8, 8, 4), np.float32), mode="infer")
     noted = [n for n in report.notes if n.startswith("not modelled on this CPU")]
     if scratch.onednn_takes(tf.half, cpu.describe().flags):  # oneDNN runs it: nothing to note on this CPU
         assert noted == []
     else:
-        assert len(noted) == 1 and "float16 DepthwiseConv2dNative" in noted[0]
+        assert len(noted) == 1 and "float16 Conv3D" in noted[0]

@@ -198,6 +198,69 @@ def max_pool_grad_bytes(op: Any) -> int:
     return bfc_round(tensor_bytes(pooled)) + bfc_round(tensor_bytes(pooled) // max(pooled.dtype.size, 1) * 8)
 
 
+_EIGEN_PACKET_BYTES = 32
+"""Bytes of Eigen's packet in TensorFlow's CPU kernels: the wheel is built for AVX (its start-up line asks to
+"rebuild TensorFlow" for AVX2 and FMA), so a float packet is 8 floats on every CPU; half has its own 8-lane
+``Packet8h``."""
+
+
+def _packet(size: int) -> int:
+    return 8 if size == 2 else _EIGEN_PACKET_BYTES // size
+
+
+_DEPTHWISE = ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter")
+
+
+def shard_threads(units: int, cost_per_unit: float, threads: int) -> int:
+    """Threads TensorFlow's ``Shard`` (``work_sharder.cc``) runs ``units`` pieces of work on at once: Eigen's
+    ``ThreadPoolDevice::parallelFor`` asks its cost model (``TensorCostModel::numThreads``: 100,000 cycles to start,
+    100,000 per thread) and under two threads' worth runs the whole range in the calling thread."""
+    if threads <= 1 or units <= 1:
+        return 1
+    wanted = int((units * cost_per_unit - _STARTUP_CYCLES) / _PER_THREAD_CYCLES + 0.9)
+    return max(1, min(threads, wanted, units))
+
+
+_STARTUP_CYCLES = _PER_THREAD_CYCLES = 100_000
+
+
+def depthwise_scratch(op: Any, threads: int | None = None) -> int:
+    """Temporaries of TensorFlow's own depthwise convolution CPU kernels (NHWC only), in bytes.
+
+    ``depthwise_conv_op.cc`` (forward) and ``depthwise_conv_grad_op.cc`` (both gradients) pad the channels
+    (``out_depth``) to whole packets (:func:`_packet`). Each shard of the work allocates one window of the input or
+    the output gradient, ``filter_rows x filter_cols x padded_depth`` (the input gradient's shards also a
+    ``padded_depth`` row), as many at once as :func:`shard_threads` runs (forward: ``batch x out_rows`` units of
+    ``2.5 x out_cols x out_depth`` cycles; gradients: ``batch`` units of an image's ``rows x cols x out_depth``).
+    The forward pass and the input gradient copy the filter padded when ``out_depth`` is not whole packets; the
+    filter gradient sums per-image copies of the filter, ``batch x filter_rows x filter_cols x padded_depth``,
+    allocated for the whole op. Where the cost model starts several threads their windows overlap as timing
+    allows: this counts them all. 0 for another layout (the kernels refuse it) or unknown shapes.
+    """
+    if op.type not in _DEPTHWISE or op.get_attr("data_format") not in (b"NHWC", "NHWC"):
+        return 0
+    filt = (op.outputs[0] if op.type == _DEPTHWISE[2] else op.inputs[1]).shape
+    grid = (op.inputs[2] if op.type == _DEPTHWISE[2] else op.outputs[0]).shape  # out / in / out spatial grid
+    if not (filt.is_fully_defined() and grid.is_fully_defined()) or filt.rank != 4 or grid.rank != 4:
+        return 0
+    size = op.outputs[0].dtype.size
+    rows, cols, in_depth, multiplier = filt.as_list()
+    out_depth = in_depth * multiplier
+    packet = _packet(size)
+    padded = -(-out_depth // packet) * packet
+    window = bfc_round(rows * cols * padded * size)
+    padded_filter = window if out_depth % packet else 0
+    batch, grid_rows, grid_cols = grid[0], grid[1], grid[2]
+    threads = threads or intra_op_threads()
+    if op.type == _DEPTHWISE[0]:
+        shards = shard_threads(batch * grid_rows, int(2.5 * grid_cols * out_depth), threads)
+        return padded_filter + shards * window
+    shards = shard_threads(batch, grid_rows * grid_cols * out_depth, threads)
+    if op.type == _DEPTHWISE[1]:
+        return padded_filter + shards * (window + bfc_round(padded * size))
+    return bfc_round(batch * rows * cols * padded * size) + shards * window
+
+
 def _on_eigen(rule: Callable[[Any], int]) -> Callable[[Any], int]:
     """``rule``'s scratch where the op runs TensorFlow's Eigen kernel (:func:`eigen_path`), else 0 (the oneDNN
     kernel the graph rewrite puts in its place has none of these temporaries)."""
@@ -289,6 +352,9 @@ RULES: dict[str, KernelRule] = {
                          "only)", scratch=_on_eigen(half_matmul_cast_bytes)),
     "MaxPoolGrad": KernelRule(Memory.NEW, "maxpooling_op.cc: MaxPoolingGradOp output copy and int64 argmax (Eigen "
                               "path only)", scratch=_on_eigen(max_pool_grad_bytes)),
+    **{kind: KernelRule(Memory.NEW, "depthwise_conv_op.cc, depthwise_conv_grad_op.cc: packet-padded windows per "
+                        "shard, padded filter, per-image filter gradients (Eigen path only)",
+                        scratch=_on_eigen(depthwise_scratch)) for kind in _DEPTHWISE},
     "TensorListFromTensor": KernelRule(Memory.NEW, "list_kernels.h: allocate_temp per row",
                                        output_bytes=lambda op, k: list_copy_bytes(op.inputs[0])),
 }
@@ -314,7 +380,7 @@ def scratch_bytes(op: Any) -> int:
 # kernels for a dtype oneDNN does not run on this CPU. Their scratch differs and is not modelled: the
 # custom backprop kernels allocate an im2col buffer sized to a 30 MiB working set
 # (conv_grad_filter_ops.cc Conv2DCustomBackpropFilterOp, conv_grad_input_ops.h).
-_MODELLED_ON_EIGEN = frozenset({"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "MatMul"})
+_MODELLED_ON_EIGEN = frozenset({"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "MatMul", *_DEPTHWISE})
 """Of those, the Eigen kernels whose memory the rules model (their temporaries checked against TensorFlow's
 allocation log of ``keras_mixed_float16``: the forward convolution allocates only its output; Eigen's contraction
 buffers do not come from the step's allocator)."""
