@@ -23,8 +23,8 @@ import tensorflow as tf
 from nnmem.allocators.bfc import bfc_round
 from nnmem.cpu import describe, schedulable_cpus
 
-__all__ = ["RULES", "VIEWS", "KernelRule", "Memory", "eigen_fallback_note", "eigen_path", "onednn_enabled",
-           "onednn_takes", "rule_of", "scratch_bytes", "tensor_bytes"]
+__all__ = ["RULES", "VIEWS", "KernelRule", "Memory", "depthwise_scratch", "eigen_fallback_note", "eigen_path",
+           "onednn_enabled", "onednn_takes", "rule_of", "scratch_bytes", "shard_threads", "tensor_bytes"]
 
 
 class Memory(str, Enum):
@@ -211,6 +211,10 @@ def _packet(size: int) -> int:
 _DEPTHWISE = ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter")
 
 
+_STARTUP_CYCLES = _PER_THREAD_CYCLES = 100_000
+"""Eigen's ``TensorCostModel``: cycles to start a parallel region, and cycles of work per thread it starts."""
+
+
 def shard_threads(units: int, cost_per_unit: float, threads: int) -> int:
     """Threads TensorFlow's ``Shard`` (``work_sharder.cc``) runs ``units`` pieces of work on at once: Eigen's
     ``ThreadPoolDevice::parallelFor`` asks its cost model (``TensorCostModel::numThreads``: 100,000 cycles to start,
@@ -219,9 +223,6 @@ def shard_threads(units: int, cost_per_unit: float, threads: int) -> int:
         return 1
     wanted = int((units * cost_per_unit - _STARTUP_CYCLES) / _PER_THREAD_CYCLES + 0.9)
     return max(1, min(threads, wanted, units))
-
-
-_STARTUP_CYCLES = _PER_THREAD_CYCLES = 100_000
 
 
 def depthwise_scratch(op: Any, threads: int | None = None) -> int:
