@@ -141,10 +141,10 @@ def _ynn_dot(ins: Instruction, fusion: _Fusion) -> tuple[int, int]:
         source = through_reinterpret(operand, fusion.named)
         if source is not None and source.opcode not in ("parameter", "constant", "broadcast", "iota"):
             held += nbytes(source.type) or 0  # produced in the fusion: read from a full buffer
-    if not _packs_rhs(ins, out[0], rhs[0]):
+    lead = len(_dims(ins, "lhs_batch_dims"))
+    batches, rows, cols = math.prod(out[0][:lead]), math.prod(out[0][lead:-1]), out[0][-1]
+    if not _packs_rhs(ins, rows, batches, rhs[0]):
         return held, 0
-    batches = len(_dims(ins, "lhs_batch_dims"))
-    rows, cols = math.prod(out[0][batches:-1]), out[0][-1]
     depth = math.prod(lhs[0][d] for d in _dims(ins, "lhs_contracting_dims")) or 1
     split_n, split_k = _dot_splits(rows, cols, depth)
     tiles = min(fusion.threads, -(-cols // split_n))
@@ -178,13 +178,12 @@ def _dot_splits(m: int, n: int, k: int) -> tuple[int, int]:
     return min(split_n, 65536), (-(-k // 64) * 64 if k >= 64 else k)
 
 
-def _packs_rhs(ins: Instruction, out: list[int], rhs: list[int]) -> bool:
-    """Whether YNNPACK packs a dot's right operand (see :func:`_ynn_dot`)."""
+def _packs_rhs(ins: Instruction, rows: int, batches: int, rhs: list[int]) -> bool:
+    """Whether YNNPACK packs a dot's right operand (see :func:`_ynn_dot`), for ``batches`` products of ``rows``
+    output rows each."""
     batch, contracted = _dims(ins, "rhs_batch_dims"), _dims(ins, "rhs_contracting_dims")
     if len(rhs) - len(batch) - len(contracted) >= 1 and contracted == [len(rhs) - 1]:
         return True  # B is [n, k]: packed with its transpose
-    batches = math.prod(out[:len(_dims(ins, "lhs_batch_dims"))])
-    rows = math.prod(out[:-1]) // max(batches, 1)
     if "avx512f" in describe().flags:
         return rows * batches >= _DOT_PACK_ROWS
     return -(-rows // _UNPACKED_BLOCK_M) * batches > 10 * math.prod(rhs[i] for i in batch)
