@@ -24,7 +24,8 @@ from nnmem.allocators.bfc import bfc_round
 from nnmem.cpu import describe, schedulable_cpus
 
 __all__ = ["RULES", "VIEWS", "KernelRule", "Memory", "depthwise_scratch", "eigen_fallback_note", "eigen_path",
-           "onednn_enabled", "onednn_takes", "rule_of", "scratch_bytes", "shard_threads", "tensor_bytes"]
+           "grouped_conv_bytes", "onednn_enabled", "onednn_takes", "rule_of", "scratch_bytes", "shard_threads",
+           "tensor_bytes"]
 
 
 class Memory(str, Enum):
@@ -198,6 +199,20 @@ def max_pool_grad_bytes(op: Any) -> int:
     return bfc_round(tensor_bytes(pooled)) + bfc_round(tensor_bytes(pooled) // max(pooled.dtype.size, 1) * 8)
 
 
+def grouped_conv_bytes(op: Any) -> int:
+    """A grouped ``Conv2D`` (the filter's input depth a fraction of the input's) on TensorFlow's own CPU kernel
+    (``conv_ops_impl.h`` ``LaunchGrouped``): the input and the filter shuffled group-major into temporaries, then an
+    output temporary the groups' convolutions write, shuffled back into the output; all three live together. 0 for
+    one group, another layout or unknown shapes. (Its gradients are refused on the CPU: "Gradients for grouped
+    convolutions are not supported".)"""
+    if op.get_attr("data_format") not in (b"NHWC", "NHWC"):
+        return 0
+    x, w = op.inputs[0].shape, op.inputs[1].shape
+    if x.rank != 4 or w.rank != 4 or x[3] is None or w[2] is None or x[3] == w[2]:
+        return 0
+    return sum(bfc_round(tensor_bytes(t)) for t in (op.inputs[0], op.inputs[1], op.outputs[0]))
+
+
 _EIGEN_PACKET_BYTES = 32
 """Bytes of Eigen's packet in TensorFlow's CPU kernels: the wheel is built for AVX (its start-up line asks to
 "rebuild TensorFlow" for AVX2 and FMA), so a float packet is 8 floats on every CPU; half has its own 8-lane
@@ -356,6 +371,8 @@ RULES: dict[str, KernelRule] = {
     **{kind: KernelRule(Memory.NEW, "depthwise_conv_op.cc, depthwise_conv_grad_op.cc: packet-padded windows per "
                         "shard, padded filter, per-image filter gradients (Eigen path only)",
                         scratch=_on_eigen(depthwise_scratch)) for kind in _DEPTHWISE},
+    "Conv2D": KernelRule(Memory.NEW, "conv_ops_impl.h: LaunchGrouped's shuffled input, filter and output of a grouped "
+                         "convolution (Eigen path only)", scratch=_on_eigen(grouped_conv_bytes)),
     "TensorListFromTensor": KernelRule(Memory.NEW, "list_kernels.h: allocate_temp per row",
                                        output_bytes=lambda op, k: list_copy_bytes(op.inputs[0])),
 }
