@@ -10,7 +10,7 @@ everything batch-sized is left to the backend's tracer.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +24,8 @@ from nnmem.trace import Category, LayerInfo
 
 __all__ = ["KerasStep", "accumulating", "accumulation_steps", "array_nbytes", "backend_name", "cycle_peaks",
            "flat_arrays", "is_keras_model", "layer_infos", "make_optimizer", "measured_cycle", "no_gc",
-           "optimizer_label", "prepare", "resident_variables", "variable_nbytes"]
+           "optimizer_label", "prepare", "resident_variables", "settle_loss_scale", "skipped_updates_note",
+           "updates_applied", "variable_nbytes", "warm_up"]
 
 def backend_name() -> str:
     """The Keras backend in this process: "torch", "jax" or "tensorflow"."""
@@ -71,6 +72,57 @@ def accumulation_steps(model: Any) -> int:
 def measured_cycle(step: KerasStep) -> int:
     """Steps a measurement takes together as one: a training step's accumulation cycle, else 1."""
     return accumulation_steps(step.model) if step.mode == "train" else 1
+
+
+SETTLE_STEPS = 20
+"""Warm-up steps a loss-scaled step may take beyond the usual ones until one applies its update (its scale starts at
+2**15 and halves on each overflow)."""
+
+
+def updates_applied(model: Any) -> int | None:
+    """How many updates a ``LossScaleOptimizer`` has applied (its ``iterations``); None for any other optimizer.
+
+    Such an optimizer skips the update of a step whose scaled float16 gradients are not finite and halves its
+    scale: that step holds no update temporaries and peaks lower than the steps training runs once the scale has
+    settled, the ones that decide an OOM."""
+    opt = getattr(model, "optimizer", None)
+    if not isinstance(opt, keras.optimizers.LossScaleOptimizer):
+        return None
+    return int(np.asarray(keras.ops.convert_to_numpy(opt.iterations)))
+
+
+def warm_up(step: KerasStep, run: Callable[[], Any]) -> int | None:
+    """The steps before a measured one: 2 training steps (1 inference step; the first builds and compiles), then
+    :func:`settle_loss_scale`. Returns :func:`updates_applied` after them."""
+    for _ in range(2 if step.mode == "train" else 1):
+        run()
+    return settle_loss_scale(step, run)
+
+
+def settle_loss_scale(step: KerasStep, run: Callable[[], Any]) -> int | None:
+    """Under a ``LossScaleOptimizer``, training steps until one applies its update (at most
+    :data:`SETTLE_STEPS`). Returns :func:`updates_applied` after them (None: no loss scale, or inference)."""
+    before = updates_applied(step.model) if step.mode == "train" else None
+    for _ in range(SETTLE_STEPS if before is not None else 0):
+        run()
+        after = updates_applied(step.model)
+        if after is not None and before is not None and after > before:
+            return after
+        before = after
+    return before
+
+
+def skipped_updates_note(step: KerasStep, before: int | None, calls: int) -> tuple[str, ...]:
+    """A note when measured steps skipped their update (loss scale overflow): ``before`` is
+    :func:`updates_applied` before the ``calls`` measured steps."""
+    after = updates_applied(step.model)
+    if before is None or after is None or step.mode != "train":
+        return ()
+    expected = calls // accumulation_steps(step.model)  # `iterations` counts updates, one per cycle
+    if after - before >= expected:
+        return ()
+    return (f"{expected - (after - before)} of the {expected} measured updates were skipped: the loss scale "
+            "overflowed float16 there, and a skipped step peaks lower than the ones training runs",)
 
 
 def cycle_peaks(peaks: list[int], steps: int) -> list[int]:

@@ -59,3 +59,28 @@ def test_live_variable_bytes_counts_variables_slots_and_gradients(zoo_step: Call
     finally:
         for v in step.model.trainable_variables:
             v._value.grad = None
+
+
+@pytest.mark.accuracy
+def test_a_loss_scaled_step_is_measured_once_its_scale_has_settled() -> None:
+    """A LossScaleOptimizer skips the update of a step whose scaled float16 gradients overflow (and halves its
+    scale): such a step peaks lower than the ones training runs. The measured steps are ones that update, as the
+    estimate counts them; here every step overflows until the scale has come down from 2**30."""
+    from nnmem.frontends.keras.common import prepare
+
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
+                                  keras.layers.Dense(4)])
+    finally:
+        keras.config.set_dtype_policy("float32")
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=2.0 ** 30),
+                  loss="mse")
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 64)).astype("float32"), rng.normal(size=(16, 4)).astype("float32")
+    step = prepare(model, x, y, mode="train")
+    estimate = report_from_trace(trace_step(step, meta={}), source="estimate", model="m", device="cpu")
+    measured = measure_step(step, name="m", meta={})
+    assert float(keras.ops.convert_to_numpy(model.optimizer.dynamic_scale)) < 2.0 ** 30  # steps overflowed
+    assert not any("skipped" in note for note in measured.notes), measured.notes
+    assert abs(estimate.peaks["allocator"] - measured.peaks["allocator"]) <= 64, (estimate.peaks, measured.peaks)

@@ -21,7 +21,14 @@ import jax
 import keras
 
 from nnmem.errors import UnsupportedError
-from nnmem.frontends.keras.common import KerasStep, cycle_peaks, layer_infos, measured_cycle
+from nnmem.frontends.keras.common import (
+    KerasStep,
+    cycle_peaks,
+    layer_infos,
+    measured_cycle,
+    skipped_updates_note,
+    warm_up,
+)
 from nnmem.frontends.keras.jax.trace import backend_meta, state_variables, step_data, variable_blocks
 from nnmem.report.model import Report, report_from_trace
 from nnmem.trace import Block, Category, Op, Phase, Trace
@@ -70,8 +77,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
         live, rises, notes, extra = _rss_rises(run, step, cycle)
         rise = max(min(cycle_peaks(rises, cycle)), 0)
     else:
-        for _ in range(2 if step.mode == "train" else 1):
-            run()
+        applied = warm_up(step, run)
         rises = []
         for _ in range(MEASURED_STEPS * cycle):
             gc.collect()
@@ -86,6 +92,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
                  f"(every malloc and free counted by a preloaded library), median of {MEASURED_STEPS} steps"
                  + (f" (each the highest of an accumulation cycle of {cycle})" if cycle > 1 else ""),)
         extra = {"measure.method": "jax.live_arrays before the step + malloc high-water rise during it"}
+        notes += skipped_updates_note(step, applied, MEASURED_STEPS * cycle)
     peak = live + rise
     trace = _measured_trace(step, rise, meta)
     extra = {**extra, "measure.live_array_bytes": live, "measure.rise_bytes": rise,
@@ -103,8 +110,7 @@ def _rss_rises(run: Callable[[], Any], step: KerasStep,
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
     libc.mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD)
-    for _ in range(2 if step.mode == "train" else 1):
-        run()
+    applied = warm_up(step, run)
     rises = []
     live = 0
     for _ in range(3 * cycle):  # the smallest of three (cycles): a stray Python arena or thread stack touched once
@@ -121,6 +127,7 @@ def _rss_rises(run: Callable[[], Any], step: KerasStep,
                               "before the step plus the process's resident-set rise during the real step (glibc "
                               "mmap threshold pinned at 16 KiB; 4 KiB pages); it misses memory malloc reuses "
                               "from resident pages",)
+    notes += skipped_updates_note(step, applied, 3 * cycle)
     if max(rises) - min(rises) > 0.10 * max(min(rises), 1):
         notes += (f"noisy: the three runs' rises spread over {min(rises)}-{max(rises)} bytes (over 10 %); the "
                   "smallest is reported",)

@@ -19,7 +19,14 @@ import keras
 import tensorflow as tf
 
 from nnmem.errors import ConfigError, MeasureError
-from nnmem.frontends.keras.common import KerasStep, cycle_peaks, measured_cycle, no_gc
+from nnmem.frontends.keras.common import (
+    KerasStep,
+    cycle_peaks,
+    measured_cycle,
+    no_gc,
+    settle_loss_scale,
+    skipped_updates_note,
+)
 from nnmem.frontends.keras.tensorflow.schedule import pinned_schedule
 from nnmem.frontends.keras.tensorflow.trace import trace_step
 from nnmem.report.model import Report, report_from_trace
@@ -164,11 +171,12 @@ def _first_step_pinned(step: KerasStep, x: Any, y: Any) -> bool:
     return False
 
 
-def _steps(step: KerasStep, x: Any, y: Any) -> tuple[list[int], list[int]]:
+def _steps(step: KerasStep, x: Any, y: Any) -> tuple[list[int], list[int], tuple[str, ...]]:
     """Run :data:`MEASURED_STEPS` steps after the warm-up (with gradient accumulation, as many cycles):
-    (each step's peak, bytes in use before each)."""
+    (each step's peak, bytes in use before each, a note if any of them skipped its update)."""
     if step.mode == "train":
         _run(step, x, y)
+    applied = settle_loss_scale(step, lambda: _run(step, x, y))
     peaks, before = [], []
     for _ in range(MEASURED_STEPS * measured_cycle(step)):
         with no_gc():  # cyclic garbage of the step before collected, none collected during the step
@@ -176,11 +184,11 @@ def _steps(step: KerasStep, x: Any, y: Any) -> tuple[list[int], list[int]]:
             before.append(_memory_info()["current"])
             _run(step, x, y)
             peaks.append(_memory_info()["peak"])
-    return peaks, before
+    return peaks, before, skipped_updates_note(step, applied, len(peaks))
 
 
-def _pinned_steps(step: KerasStep, x: Any, y: Any) -> tuple[bool, list[int], list[int]]:
-    """The diagnostic: pinned order, Grappler off, sequential executor. (pinned, peaks, bytes before each)."""
+def _pinned_steps(step: KerasStep, x: Any, y: Any) -> tuple[bool, tuple[list[int], list[int], tuple[str, ...]]]:
+    """The diagnostic: pinned order, Grappler off, sequential executor. (pinned, :func:`_steps`)."""
     from tensorflow.python.eager.context import function_executor_type
 
     grappler = tf.config.optimizer.get_experimental_options()
@@ -188,10 +196,10 @@ def _pinned_steps(step: KerasStep, x: Any, y: Any) -> tuple[bool, list[int], lis
     try:
         with function_executor_type(MEASURE_EXECUTOR):
             pinned = _first_step_pinned(step, x, y)
-            peaks, before = _steps(step, x, y)
+            steps = _steps(step, x, y)
     finally:
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False, **grappler})
-    return pinned, peaks, before
+    return pinned, steps
 
 
 def measure_step(step: KerasStep, *, name: str, meta: dict[str, object], schedule: str | None = None) -> Report:
@@ -226,13 +234,13 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object], schedul
         raise MeasureError("TensorFlow's CPU allocator keeps no statistics: set TF_CPU_ALLOCATOR_USE_BFC=true "
                            "in the environment before TensorFlow is imported")
     if schedule == "pinned":
-        pinned, peaks, before = _pinned_steps(step, x, y)
+        pinned, (peaks, before, skipped) = _pinned_steps(step, x, y)
         how = (f"the sequential executor ({MEASURE_EXECUTOR}; "
                + ("ops pinned to the estimate's order, Grappler off)" if pinned else
                   "TensorFlow refused the pinned order, a kernel merge closed a cycle: the executor's own order)"))
     else:
         _run(step, x, y)
-        peaks, before = _steps(step, x, y)
+        peaks, before, skipped = _steps(step, x, y)
         how = "a plain step (default executor and thread pools, Grappler on)"
     cycle = measured_cycle(step)
     highest = cycle_peaks(peaks, cycle)  # with gradient accumulation: each cycle's highest step
@@ -242,6 +250,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object], schedul
     notes: tuple[str, ...] = (f"allocator peak: TensorFlow BFC bytes in use on {how}, median of {steps} "
              f"({', '.join(f'{p:,}' for p in highest)} B); {resident:,} B in use before the step (estimated "
              f"resident: {trace.resident_bytes:,} B)",)
+    notes += skipped
     if schedule == "plain":
         notes += ("the default executor runs independent ops concurrently in an order that follows timing and "
                   "heap addresses: the peak differs between processes (`nnmem measure --runs N` shows the spread)",)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nnmem.frontends.keras.common import KerasStep, flat_arrays, measured_cycle
+from nnmem.frontends.keras.common import KerasStep, flat_arrays, measured_cycle, skipped_updates_note, warm_up
 from nnmem.frontends.keras.torch.trace import all_variables, as_torch, call_step, trace_call
 from nnmem.frontends.pytorch.measure import allocator_rise, quiet_stderr, storage_bytes
 from nnmem.report.model import Report, report_from_trace
@@ -31,8 +31,7 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
     x = as_torch(step.x, lambda a: torch.as_tensor(a))
     y = as_torch(step.y, lambda a: torch.as_tensor(a))
     cycle = measured_cycle(step)
-    for _ in range(2 if step.mode == "train" else 1):
-        call_step(step, x, y)
+    applied = warm_up(step, lambda: call_step(step, x, y))
     # with gradient accumulation, every step of a cycle: the update step is the highest
     traces = [trace_call(step, x, y, None, meta) for _ in range(cycle)]
     trace = max(traces, key=lambda t: simulate(t).peaks["tensor"])
@@ -43,9 +42,9 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object]) -> Repo
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             for _ in range(cycle):  # the steps return to the same bytes: the rise is the highest step's
                 call_step(step, x, y)
-    notes: tuple[str, ...] = ()
+    notes = skipped_updates_note(step, applied, 2 * cycle + 1)
     if resident != trace.resident_bytes:
-        notes = (f"live storages before the step: {resident} B counted directly, "
+        notes += (f"live storages before the step: {resident} B counted directly, "
                  f"{trace.resident_bytes} B by the tracker",)
     return report_from_trace(trace, source="measure", model=name, device="cpu",
                              overrides={"allocator": resident + allocator_rise(prof)}, notes=notes)
