@@ -147,6 +147,11 @@ def eigen_path(dtype: Any) -> bool:
     return not onednn_enabled() or not onednn_takes(dtype, describe().flags)
 
 
+def _nhwc(op: Any) -> bool:
+    """Whether a convolution op runs channels-last, the only layout TensorFlow's own CPU kernels take."""
+    return op.get_attr("data_format") in (b"NHWC", "NHWC")
+
+
 def conv_backprop_col_bytes(op: Any, threads: int | None = None) -> int:
     """The im2col buffer of TensorFlow's custom ``Conv2DBackpropFilter`` / ``Conv2DBackpropInput`` CPU kernels.
 
@@ -157,7 +162,7 @@ def conv_backprop_col_bytes(op: Any, threads: int | None = None) -> int:
     input gradient takes one image at a time (``shard = 1``) at batch 1 or when a thread's share of the work
     unit reaches 256 KiB. 0 for other layouts and dilations (those kernels refuse them) or unknown shapes.
     """
-    if op.get_attr("data_format") not in (b"NHWC", "NHWC"):
+    if not _nhwc(op):
         return 0
     if any(int(d) != 1 for d in op.get_attr("dilations")):
         return 0
@@ -205,7 +210,7 @@ def grouped_conv_bytes(op: Any) -> int:
     output temporary the groups' convolutions write, shuffled back into the output; all three live together. 0 for
     one group, another layout or unknown shapes. (Its gradients are refused on the CPU: "Gradients for grouped
     convolutions are not supported".)"""
-    if op.get_attr("data_format") not in (b"NHWC", "NHWC"):
+    if not _nhwc(op):
         return 0
     x, w = op.inputs[0].shape, op.inputs[1].shape
     if x.rank != 4 or w.rank != 4 or x[3] is None or w[2] is None or x[3] == w[2]:
@@ -253,7 +258,7 @@ def depthwise_scratch(op: Any, threads: int | None = None) -> int:
     allocated for the whole op. Where the cost model starts several threads their windows overlap as timing
     allows: this counts them all. 0 for another layout (the kernels refuse it) or unknown shapes.
     """
-    if op.type not in _DEPTHWISE or op.get_attr("data_format") not in (b"NHWC", "NHWC"):
+    if op.type not in _DEPTHWISE or not _nhwc(op):
         return 0
     filt = (op.outputs[0] if op.type == _DEPTHWISE[2] else op.inputs[1]).shape
     grid = (op.inputs[2] if op.type == _DEPTHWISE[2] else op.outputs[0]).shape  # out / in / out spatial grid
