@@ -380,21 +380,25 @@ def fusion_workspace(module: Module) -> Workspace:
 
 
 def rounded_convolution_fusions(module: Module) -> list[str]:
-    """Names of the entry's YNNPACK fusions that hold a convolution and round its values to 16 bits.
+    """Names of the entry's YNNPACK fusions that hold a convolution or a pooling window (``reduce-window``) and
+    round its values to 16 bits.
 
     Under a ``mixed_bfloat16`` / ``mixed_float16`` policy XLA:CPU computes a convolution in float32 and rounds
     each intermediate through ``convert`` pairs (f32 -> bf16 -> f32) inside the fusion. YNNPACK then runs the
     fusion unsliced and keeps some of those intermediates whole, in 16 or 32 bits (malloc-counted:
     keras_separable_cnn inference held three whole 524,288 B buffers at its tail where the float32 step holds
     2-image tiles; keras_partly_frozen training a whole bf16 padded input and two bf16 activations where the
-    float32 step holds 1-image slices). Which ones it keeps is slinky's scheduling, not modelled.
+    float32 step holds 1-image slices). So does a fusion that pools rounded values before a dot (keras_conv1d_gru
+    inference under ``mixed_bfloat16``: bias, relu and max pooling of the convolution's output, then the GRU's
+    input projection; about 72 KB above the rules in 4 processes). Which ones it keeps is slinky's scheduling,
+    not modelled.
     """
     names = []
     for ins in module.entry_body:
         if ins.called is None or _YNN_FUSION not in ins.rest:
             continue
         body = module.computations.get(ins.called, [])
-        if any(op.opcode == "convolution" for op in body) and \
+        if any(op.opcode in ("convolution", "reduce-window") for op in body) and \
                 any(op.opcode == "convert" and op.type.startswith(("bf16[", "f16[")) for op in body):
             names.append(ins.name)
     return names

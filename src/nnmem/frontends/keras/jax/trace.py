@@ -172,10 +172,10 @@ def trace_step(step: KerasStep, *, meta: dict[str, object], gpu: tuple[int, int]
                           "operands): the allocator level may be a few % higher or lower (docs/cpu-isa.md)")
     rounded = rounded_convolution_fusions(module)
     if rounded and gpu is None:
-        unmodelled.append(f"not modelled: {len(rounded)} YNNPACK fusion(s) round convolutions' values to 16 bits "
-                          "(a mixed-precision policy on XLA:CPU); YNNPACK keeps some of those intermediates whole, "
-                          "which the scratch rules do not size: the allocator level may be higher "
-                          "(docs/backends/keras-jax.md)")
+        unmodelled.append(f"not modelled: {len(rounded)} YNNPACK fusion(s) round convolutions' or pooling windows' "
+                          "values to 16 bits (a mixed-precision policy on XLA:CPU); YNNPACK keeps some of those "
+                          "intermediates whole, which the scratch rules do not size: the allocator level may be "
+                          "higher (docs/backends/keras-jax.md)")
     if unmodelled:
         meta["unmodelled"] = "\n".join(unmodelled)
     return Trace("keras-jax", step.mode, tuple(blocks), ops, layer_infos(step.model), meta)
