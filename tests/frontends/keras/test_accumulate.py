@@ -39,14 +39,12 @@ def test_the_estimate_holds_the_update_step_the_real_cycle_peaks_at() -> None:
     assert state >= trainable  # one accumulator per trainable variable, live through every step
     if BACKEND == "jax" and "Eigen" in str(report.meta.get("unmodelled", "")):  # no AVX-512: packing not sized
         pytest.skip(str(report.meta["unmodelled"]))
-    runs = 3 if BACKEND == "tensorflow" else 1
     measured = nnmem.measure("keras_two_branch_cnn", batch=4, mode="train", optimizer="adam", accumulate=2,
-                             runs=runs, timeout_s=240)
+                             timeout_s=240)  # TensorFlow: one plain process (the bound checked is the low end)
     if BACKEND == "tensorflow":  # plain train_on_batch: no run below the bytes requested; the cycle's layouts
         # are not replayed, and the report says the high end may be passed
         low, _ = report.peak_range
-        peaks = [int(p) for p in measured.meta["runs_peaks"]]
-        assert all(low <= p for p in peaks), (low, peaks)
+        assert low <= measured.peak_bytes, (low, measured.peak_bytes)
         assert any("not modelled across an accumulation cycle" in n for n in report.notes)
     elif BACKEND == "torch":
         assert abs(report.peak_bytes - measured.peak_bytes) <= 64, (report.peak_bytes, measured.peak_bytes)

@@ -41,7 +41,7 @@ def test_a_row_matches_the_model_rebuilt_with_the_technique(technique: str) -> N
         assert rebuilt.dtype_policy.name == POLICY
     else:
         assert all(layer._remat_mode is not None for layer in rebuilt.layers)
-    runs = 3 if BACKEND == "tensorflow" else 1
+    runs = 2 if BACKEND == "tensorflow" else 1  # plain TensorFlow steps differ between processes
     measured = nnmem.measure(rebuilt, x, target=y, runs=runs, timeout_s=240)
     if BACKEND == "tensorflow":  # a plain train_on_batch: its peak lies in the range of executor orders
         low, high = row.report.peak_range

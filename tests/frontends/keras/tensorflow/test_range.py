@@ -11,8 +11,9 @@ if os.environ.get("KERAS_BACKEND") != "tensorflow":
     pytest.skip("needs KERAS_BACKEND=tensorflow", allow_module_level=True)
 
 BATCH = 8
-RUNS = 3
-"""Fresh processes each case is measured in: the plain step's peak differs between them."""
+RUNS = 2
+"""Fresh processes each case is measured in: the plain step's peak differs between them (benchmarks/tf_range.py
+measures 10 per model)."""
 
 CASES = [
     pytest.param("keras_subclassed", "train", id="keras_subclassed-train"),
