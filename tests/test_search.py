@@ -105,3 +105,25 @@ def test_scalar_peaks_are_searched_by_secant() -> None:
     while reserved(_step(expected + 1, SCRATCH["affine"], per_sample=10_000)) <= budget:
         expected += 1
     assert result.batch == expected and result.traces <= 2 * expected.bit_length() + 4
+
+
+@pytest.mark.parametrize("budget_mib", [1_000, 14_000])
+def test_a_staircase_level_far_above_the_allocator_level_is_found_in_few_traces(budget_mib: int) -> None:
+    """A level that moves in whole segments and grows faster than the allocator level (caching, as on a GPU
+    with a batch in the millions) stays flat over thousands of batches: the search must not creep across them."""
+    def reserved(trace: Trace) -> int:
+        return -(-simulate(trace).peaks["allocator"] * 13 // 10 // 2**21) * 2**21
+
+    def step(batch: int) -> Trace:
+        return _step(batch, SCRATCH["affine"], per_sample=1_000)
+
+    budget = budget_mib << 20
+    lo, hi = 1, 2
+    while reserved(step(hi)) <= budget:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:  # the answer by bisection on the level itself
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if reserved(step(mid)) <= budget else (lo, mid)
+    result = search_max_batch(step, budget, "allocator", peak_of=reserved)
+    assert result.batch == lo and result.next_peak_bytes > budget
+    assert result.traces <= lo.bit_length(), result.traces  # fewer than a bisection from batch 1 takes

@@ -265,6 +265,10 @@ class _Search:
             return self.bisect()
         self.peak(b1)
         self.peak(b2)
+        if self.peak_of is not None:
+            below = fit_curve(self.traces[b1], self.traces[b2], b1, b2, "allocator")
+            if below is not None:
+                return self.run_above(below, b2)
         order = [b1, b2]  # traced batches, oldest first
         slow = False  # the last step did not halve the bracket: the next one bisects (as Dekker's method does)
         for _ in range(self.MAX_STEPS):
@@ -301,6 +305,47 @@ class _Search:
             if guess == 1 and not fits:
                 return self.result(0, self.peaks[1], curve)
         return self.bisect()
+
+    def run_above(self, below: BatchCurve, last: int) -> FitResult:
+        """The search of a level that moves in steps above the allocator level (``peak_of``: whole segments).
+
+        The level is the allocator level's op-wise curve ``below`` plus a gap (rounding to segments, caching)
+        that grows with the batch; the gap is taken as affine through the two latest traces (constant after
+        the first), and the crossing of the curve plus it is traced next. A secant through peaks that stay flat
+        for thousands of batches would creep one batch at a time; here a prediction outside the bracket, or one
+        after a step that did not halve it, gives way to a bisection, so the search ends within about twice the
+        bisection's traces at worst.
+        """
+        order, slow = [last], False
+        for _ in range(self.MAX_STEPS):
+            lo, hi = self.bracket()
+            if hi is not None and hi == lo + 1:
+                return self.result(lo, self.peaks[hi], None)
+            if self.upper is not None and lo >= self.upper:
+                return self.result(self.upper, self.peak(self.upper), None, at_limit=True)
+            guess = self.predict_above(below, order[-2:])
+            if hi is not None and (slow or not lo < guess < hi or guess in self.peaks):
+                guess = (lo + hi) // 2
+            elif guess <= lo or guess in self.peaks:  # no bracket yet: look further out
+                guess = 2 * lo
+            if self.upper is not None:
+                guess = min(guess, self.upper)
+            self.peak(guess)
+            new_lo, new_hi = self.bracket()
+            slow = hi is not None and new_hi is not None and 2 * (new_hi - new_lo) > hi - lo and not slow
+            order.append(guess)
+        return self.bisect()
+
+    def predict_above(self, below: BatchCurve, latest: list[int]) -> int:
+        """The largest batch within the budget on ``below`` plus the gap through the ``latest`` traces."""
+        gaps = [self.peaks[b] - below.peak(b) for b in latest]
+        per_sample = (gaps[-1] - gaps[0]) / (latest[-1] - latest[0]) if len(latest) == 2 else 0.0
+        if max(below.slopes) + per_sample <= 0:  # the gap's fall outpaces the curve's growth: keep it constant
+            per_sample = 0.0
+        at_zero = gaps[-1] - per_sample * latest[-1]
+        raised = BatchCurve(below.level, tuple(a + at_zero for a in below.intercepts),
+                            tuple(c + per_sample for c in below.slopes), below.batches, below.categories)
+        return raised.largest_batch(self.budget)
 
     def predict(self, a: int, b: int) -> tuple[int, BatchCurve | None]:
         """The largest batch within the budget on the line through traced batches ``a`` < ``b``: op by op

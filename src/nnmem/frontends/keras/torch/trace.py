@@ -162,14 +162,14 @@ def _run(step: KerasStep, x: Any, y: Any) -> None:
             model.predict_function([(x,)])
 
 
-def call_step(step: KerasStep, x: Any, y: Any) -> None:
-    """Run the step once on ``x`` and ``y`` with the garbage collector off.
+def call_step(step: KerasStep, x: Any, y: Any, *, collect: bool = True) -> None:
+    """Run the step once on ``x`` and ``y`` with the garbage collector off (after a collection: ``collect``).
 
     Raises:
         TraceError: the model rejects the inputs.
     """
     try:
-        with no_gc():
+        with no_gc(collect=collect):
             _run(step, x, y)
     except (RuntimeError, ValueError, TypeError, IndexError) as err:
         shapes = ", ".join(f"{tuple(a.shape)} {str(a.dtype).replace('torch.', '')}" for a in flat_arrays(x))
@@ -201,7 +201,7 @@ def trace_call(step: KerasStep, x: Any, y: Any, rules: OpRules | None, meta: dic
     counter = FlopCounterMode(display=False) if count_flops else nullcontext()
     with counter, tracker, tracker.layer_hooks(), _phases(tracker, step.model):
         tracker.begin(Phase.FORWARD)
-        call_step(step, x, y)
+        call_step(step, x, y, collect=rules is None)  # fake tensors (with rules): no real garbage to collect
     if step.mode == "train":
         for v in step.model.trainable_variables:
             grad = v._value.grad
