@@ -48,7 +48,8 @@ demo: setup-demo
 
 # Keras fixes its backend at import: tests/frontends/keras runs once per backend, each in its own process.
 # NNMEM_REQUIRE_BROWSER=1: the browser test fails, rather than skips, without chromium.
-# -n 2: two pytest-xdist workers where a test's figures do not depend on what else runs (PyTorch's allocator,
+# -n 2: two pytest-xdist workers (the modules tests/conftest.py lists run whole on one, their shared results
+# computed once) where a test's figures do not depend on what else runs (PyTorch's allocator,
 # in-process or in the measuring child; TensorFlow's pinned diagnostic, one op at a time in the estimate's order,
 # tests/frontends/keras/tensorflow/test_measure.py). JAX's and TensorFlow's plain steps take one of several peaks
 # by how their threads meet, which load changes: those tests run one at a time.

@@ -4,7 +4,7 @@ A Keras model cannot be built under FakeTensorMode, so it is built for real (its
 every Keras variable's torch Parameter (model, optimizer, metrics) is swapped for a fake one and put back
 afterwards, the data become fake tensors, and the PyTorch frontend's storage-level :class:`StepTracker` records
 the aten ops with the rules of :mod:`.scratch`. Layers are named by wrapping ``Layer.__call__``; phases come from
-``Tensor.backward`` and ``optimizer.apply``. The step starts after ``gc.collect()`` and the collector does not run
+``Tensor.backward`` and ``optimizer.apply``. A real step starts after ``gc.collect()``, and the collector does not run
 inside it (:func:`nnmem.frontends.keras.common.no_gc`): Keras leaves some layer outputs in reference cycles. As the
 torch trainer has it (``keras/src/backend/torch/trainer.py``, ``train_step``), gradients are zeroed *after* the
 forward pass, so the previous step's gradients are live through it.
