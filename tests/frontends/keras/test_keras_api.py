@@ -147,6 +147,21 @@ def test_cli_estimates_a_keras_zoo_model() -> None:
     assert "lion" in result.stdout and "256·128 + 128" in result.stdout
 
 
+def test_cli_json_matches_its_schema() -> None:
+    """Each backend's estimate in the estimate schema (TensorFlow's with its peak_range)."""
+    import json
+
+    from nnmem.schemas import validate
+
+    result = CliRunner().invoke(cli, ["estimate", "keras_mlp", "--json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout, parse_constant=lambda constant: pytest.fail(f"{constant} is not JSON"))
+    validate("estimate", data)
+    assert data["framework"] == f"keras-{keras.backend.backend()}"
+    if keras.backend.backend() == "tensorflow":
+        assert "peak_range" in data
+
+
 def test_optimizer_state_follows_the_keras_optimizer() -> None:
     x, y = _data(16)
     states = {}
