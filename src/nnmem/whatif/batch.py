@@ -213,8 +213,8 @@ def search_max_batch(trace_at: TraceAt, budget: int, level: str, *, upper: int |
         upper: largest batch considered (None: no limit); an answer there has ``at_limit`` set.
         progress: called with a short message before each trace.
         peak_of: the peak of a trace when it is not a simulated level (CUDA's reserved level, which
-            moves in whole segments and is not affine in the batch): its crossing is found by secant steps
-            on the traced peaks, bracketed.
+            moves in whole segments and is not affine in the batch): its crossing is predicted from the
+            allocator level's curve plus the gap between the levels, bracketed (:meth:`_Search.run_above`).
 
     Returns:
         The answer, checked by traces (or by a trace on an op-wise affine curve) at ``batch`` and ``batch + 1``.
