@@ -91,11 +91,12 @@ def updates_applied(model: Any) -> int | None:
     return int(np.asarray(keras.ops.convert_to_numpy(opt.iterations)))
 
 
-def warm_up(step: KerasStep, run: Callable[[], Any]) -> int | None:
+def warm_up(step: KerasStep, run: Callable[[], Any], first: Callable[[], Any] | None = None) -> int | None:
     """The steps before a measured one: 2 training steps (1 inference step; the first builds and compiles), then
-    :func:`settle_loss_scale`. Returns :func:`updates_applied` after them."""
-    for _ in range(2 if step.mode == "train" else 1):
-        run()
+    :func:`settle_loss_scale`. ``first`` runs the first of them where it differs from ``run`` (TensorFlow's pinned
+    diagnostic traces the step's function afresh there). Returns :func:`updates_applied` after them."""
+    for i in range(2 if step.mode == "train" else 1):
+        (first if i == 0 and first is not None else run)()
     return settle_loss_scale(step, run)
 
 

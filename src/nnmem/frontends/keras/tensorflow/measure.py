@@ -12,6 +12,7 @@ Grappler off, on the sequential executor with one intra-op thread: a peak that r
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -24,8 +25,8 @@ from nnmem.frontends.keras.common import (
     cycle_peaks,
     measured_cycle,
     no_gc,
-    settle_loss_scale,
     skipped_updates_note,
+    warm_up,
 )
 from nnmem.frontends.keras.tensorflow.schedule import pinned_schedule
 from nnmem.frontends.keras.tensorflow.trace import trace_step
@@ -171,12 +172,12 @@ def _first_step_pinned(step: KerasStep, x: Any, y: Any) -> bool:
     return False
 
 
-def _steps(step: KerasStep, x: Any, y: Any) -> tuple[list[int], list[int], tuple[str, ...]]:
-    """Run :data:`MEASURED_STEPS` steps after the warm-up (with gradient accumulation, as many cycles):
-    (each step's peak, bytes in use before each, a note if any of them skipped its update)."""
-    if step.mode == "train":
-        _run(step, x, y)
-    applied = settle_loss_scale(step, lambda: _run(step, x, y))
+def _steps(step: KerasStep, x: Any, y: Any, first: Callable[[], Any] | None = None,
+           ) -> tuple[list[int], list[int], tuple[str, ...]]:
+    """Run :data:`MEASURED_STEPS` steps after the warm-up (:func:`warm_up`, its first step ``first``; with
+    gradient accumulation, as many cycles): (each step's peak, bytes in use before each, a note if any of them
+    skipped its update)."""
+    applied = warm_up(step, lambda: _run(step, x, y), first)
     peaks, before = [], []
     for _ in range(MEASURED_STEPS * measured_cycle(step)):
         with no_gc():  # cyclic garbage of the step before collected, none collected during the step
@@ -195,11 +196,11 @@ def _pinned_steps(step: KerasStep, x: Any, y: Any) -> tuple[bool, tuple[list[int
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     try:
         with function_executor_type(MEASURE_EXECUTOR):
-            pinned = _first_step_pinned(step, x, y)
-            steps = _steps(step, x, y)
+            pinned: list[bool] = []
+            steps = _steps(step, x, y, first=lambda: pinned.append(_first_step_pinned(step, x, y)))
     finally:
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False, **grappler})
-    return pinned, steps
+    return pinned[0], steps
 
 
 def measure_step(step: KerasStep, *, name: str, meta: dict[str, object], schedule: str | None = None) -> Report:
@@ -239,7 +240,6 @@ def measure_step(step: KerasStep, *, name: str, meta: dict[str, object], schedul
                + ("ops pinned to the estimate's order, Grappler off)" if pinned else
                   "TensorFlow refused the pinned order, a kernel merge closed a cycle: the executor's own order)"))
     else:
-        _run(step, x, y)
         peaks, before, skipped = _steps(step, x, y)
         how = "a plain step (default executor and thread pools, Grappler on)"
     cycle = measured_cycle(step)
