@@ -253,6 +253,14 @@ class _Search:
         peak = self.peak(batch) if batch else 0
         return FitResult(batch, peak, next_peak, self.budget, len(self.traces), curve or self.first_curve, at_limit)
 
+    def settled(self, lo: int, hi: int | None) -> FitResult | None:
+        """The answer when the bracket ``lo``, ``hi`` decides it (adjacent batches, or ``upper`` reached)."""
+        if hi is not None and hi == lo + 1:
+            return self.result(lo, self.peaks[hi], None)
+        if self.upper is not None and lo >= self.upper:
+            return self.result(self.upper, self.peak(self.upper), None, at_limit=True)
+        return None
+
     def bracket(self) -> tuple[int, int | None]:
         """The largest traced batch that fits (0: none) and the smallest traced one that does not (None)."""
         fits = [b for b, p in self.peaks.items() if p <= self.budget]
@@ -273,10 +281,9 @@ class _Search:
         slow = False  # the last step did not halve the bracket: the next one bisects (as Dekker's method does)
         for _ in range(self.MAX_STEPS):
             lo, hi = self.bracket()
-            if hi is not None and hi == lo + 1:
-                return self.result(lo, self.peaks[hi], None)
-            if self.upper is not None and lo >= self.upper:
-                return self.result(self.upper, self.peak(self.upper), None, at_limit=True)
+            done = self.settled(lo, hi)
+            if done is not None:
+                return done
             curve = None
             if hi is not None and slow:
                 guess = (lo + hi) // 2
@@ -319,10 +326,9 @@ class _Search:
         order, slow = [last], False
         for _ in range(self.MAX_STEPS):
             lo, hi = self.bracket()
-            if hi is not None and hi == lo + 1:
-                return self.result(lo, self.peaks[hi], None)
-            if self.upper is not None and lo >= self.upper:
-                return self.result(self.upper, self.peak(self.upper), None, at_limit=True)
+            done = self.settled(lo, hi)
+            if done is not None:
+                return done
             guess = self.predict_above(below, order[-2:])
             if hi is not None and (slow or not lo < guess < hi or guess in self.peaks):
                 guess = (lo + hi) // 2
