@@ -15,13 +15,12 @@ setup's holes: docs/backends/keras-tensorflow.md) yet within 15 % of its 27.85 M
 
 from __future__ import annotations
 
-import os
-
 import keras
 import numpy as np
 import pytest
 
 import nnmem
+from tests.frontends.keras.sampled import ALL
 
 BACKEND = keras.backend.backend()
 LIMIT = {"torch": 0.10, "tensorflow": 0.15, "jax": 0.15}[BACKEND]
@@ -59,7 +58,7 @@ four."""
 @pytest.mark.parametrize("name", list(APPS))
 def test_application_estimate_matches_measurement(name: str, mode: str) -> None:
     slow = SLOW.get((BACKEND, name, mode))
-    if slow is not None and os.environ.get("NNMEM_ACCURACY_ALL") != "1":
+    if slow is not None and not ALL:
         pytest.skip(f"{name} {mode} on {BACKEND} takes {slow} s on 2 cores, past CI's time: set "
                     "NNMEM_ACCURACY_ALL=1; benchmarks/applications.py measures it (docs/accuracy.md)")
     model = APPS[name]()

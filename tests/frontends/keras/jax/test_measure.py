@@ -22,6 +22,7 @@ from nnmem.runner.child import run_in_child
 from nnmem.runner.mallocpeak import library
 from nnmem.trace import Category
 from nnmem.zoo.keras_models import FACTORIES
+from tests.frontends.keras.sampled import unless_sampled
 
 
 def _estimate_and_measure(zoo_step: Callable[..., Any], name: str, mode: str) -> tuple[Report, Report]:
@@ -63,12 +64,10 @@ _NOISY = {
 }
 _QUICK = {("keras_lstm", "train"), ("keras_lstm", "infer"), ("keras_conv1d_gru", "train"),
           ("keras_two_branch_cnn", "infer")}
-_ALL = os.environ.get("NNMEM_ACCURACY_ALL") == "1"
 
 
 def _case(name: str, mode: str) -> object:
-    marks = [] if _ALL or (name, mode) in _QUICK else [pytest.mark.skip(
-        reason="the full sweep takes ~6 min on 2 cores: set NNMEM_ACCURACY_ALL=1")]
+    marks = unless_sampled((name, mode) in _QUICK, "the full sweep takes ~6 min on 2 cores")
     if (name, mode) in _MISSES:
         marks.append(pytest.mark.xfail(strict=True, reason=_MISSES[(name, mode)]))
     return pytest.param(name, mode, marks=marks)

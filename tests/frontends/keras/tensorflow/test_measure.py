@@ -20,6 +20,7 @@ from nnmem.frontends.keras.tensorflow import measure  # noqa: E402
 from nnmem.frontends.keras.tensorflow.scratch import onednn_enabled  # noqa: E402
 from nnmem.runner.child import run_in_child  # noqa: E402
 from nnmem.zoo.keras_models import FACTORIES  # noqa: E402
+from tests.frontends.keras.sampled import unless_sampled  # noqa: E402
 
 BATCH = 8
 LIMIT = 0.15  # the issue's per-case maximum error against the BFC peak (sequential executor)
@@ -32,11 +33,10 @@ and its pinned step), for CI's 30 minutes. ``NNMEM_ACCURACY_ALL=1`` measures bot
 (``benchmarks/accuracy.py --keras tensorflow`` measures both, as users run them);
 :func:`test_pinned_schedule_repeats_between_processes` measures keras_separable_cnn's training step in two
 processes."""
-_ALL = os.environ.get("NNMEM_ACCURACY_ALL") == "1"
 
-CASES = [pytest.param(name, mode, id=f"{name}-{mode}", marks=[] if _ALL or (name, mode) in _QUICK else [
-    pytest.mark.skip(reason="one mode per model in make test: set NNMEM_ACCURACY_ALL=1 for both")])
-    for name in FACTORIES for mode in ("train", "infer")]
+CASES = [pytest.param(name, mode, id=f"{name}-{mode}",
+                      marks=unless_sampled((name, mode) in _QUICK, "one mode per model in make test"))
+         for name in FACTORIES for mode in ("train", "infer")]
 
 RUNS = 1
 """Fresh processes each accuracy case is measured in. With the schedule pinned most peaks repeat to the byte;
